@@ -1,0 +1,59 @@
+"""Actor that measures documents the way translation will see them.
+
+For each document it splits the text into sentences with sentencex (which, unlike Punkt,
+covers every language of our studies) and counts subword tokens with the translation
+model's tokenizer. Those numbers size the translation work (segments to batch, tokens to
+decode) before a GPU is touched.
+
+Plain constructor arguments; `__call__(batch) -> batch`. Rows that already carry an error
+pass through untouched.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+
+
+class DocumentStats:
+    def __init__(self, tokenizer_path: str):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoTokenizer
+
+        # Loaded once per actor for the life of the pool.
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+
+    def segments(self, text: str, lang: str) -> list[str]:
+        from sentencex import segment
+
+        out = []
+        # Paragraph breaks are kept as boundaries: sentencex works within a paragraph.
+        for para in text.split("\n"):
+            out += [s.strip() for s in segment(lang, para) if s.strip()]
+        return out
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        texts = batch["text"].to_pylist()
+        langs = batch["lang"].to_pylist()
+        errors = batch["error"].to_pylist()
+        n_chars, n_segments, n_tokens = [], [], []
+        ok = [i for i, e in enumerate(errors) if e is None]
+        tokens = self.tokenizer([texts[i] for i in ok], add_special_tokens=False)["input_ids"] if ok else []
+        by_row = dict(zip(ok, tokens))
+        for i, (text, lang) in enumerate(zip(texts, langs)):
+            if i not in by_row:
+                n_chars.append(None), n_segments.append(None), n_tokens.append(None)
+                continue
+            try:
+                n_segments.append(len(self.segments(text, lang)))
+            except Exception as e:  # a segmenter failure is this record's error, not the job's
+                errors[i] = f"segmentation failed: {type(e).__name__}: {e}"
+                n_segments.append(None)
+            n_chars.append(len(text))
+            n_tokens.append(len(by_row[i]))
+        batch = batch.set_column(batch.column_names.index("error"), "error",
+                                 pa.array(errors, pa.string()))
+        return (batch.append_column("n_chars", pa.array(n_chars, pa.int64()))
+                .append_column("n_segments", pa.array(n_segments, pa.int64()))
+                .append_column("n_tokens", pa.array(n_tokens, pa.int64())))

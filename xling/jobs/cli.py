@@ -1,0 +1,181 @@
+"""The `xling` command line.
+
+    xling run     --config FILE [KEY=VALUE ...]   run every stage the config lists, in order
+    xling <stage> --config FILE [KEY=VALUE ...]   run one stage (ingest, report)
+    xling validate --config FILE [KEY=VALUE ...]  check a config and print it with cell hashes
+    xling status  RUN_ROOT                        done / partial / failed cells, rows, errors
+    xling models  tiny                            build the tiny offline test models
+
+Every stage takes --dry-run (print cells, shards and inputs; run nothing), --force (redo
+finished cells) and --address (a Ray cluster; RAY_ADDRESS works too, which is what
+`ray job submit -- xling ...` sets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from xling.jobs.config import ConfigError, XlingConfig, load_config
+from xling.jobs.store import RunStore, StoreError
+
+EXAMPLES = """examples:
+  xling run --config configs/demo.yaml
+  xling ingest --config configs/demo.yaml ingest.shards=16 --dry-run
+  xling ingest --config configs/demo.yaml run_root=s3://my-bucket/xling/demo
+  ray job submit --address http://HEAD:8265 --working-dir . -- xling run --config configs/demo.yaml
+  xling status runs/demo
+"""
+
+
+def stage_registry() -> dict:
+    from xling.jobs.ingest import IngestStage
+
+    return {"ingest": IngestStage}
+
+
+def _stage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", required=True, help="experiment YAML (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="dotted overrides, e.g. ingest.shards=16 run_root=s3://bucket/run")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the cells, shards and inputs that would run, and what is done")
+    p.add_argument("--force", action="store_true", help="redo cells that are already done")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="xling", description="Cross-lingual retrieval and RAG studies as resumable Ray jobs.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("run", help="run all stages listed in the config's `stages:`",
+                       description="Run the config's stages in order. Finished cells are "
+                                   "skipped, so rerunning a killed job resumes it.")
+    _stage_args(p)
+    p = sub.add_parser("ingest", help="read corpora into documents rows (sharded, resumable)",
+                       description="Read each corpus x language into the documents schema, "
+                                   "with sentence and token counts; malformed records become "
+                                   "error rows.")
+    _stage_args(p)
+    p = sub.add_parser("report", help="write and print a summary of the run root")
+    _stage_args(p)
+    p = sub.add_parser("validate", help="check a config; print it resolved, with cell hashes")
+    p.add_argument("--config", "-c", required=True)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    p = sub.add_parser("status", help="which cells are done, partial or failed",
+                       description="Read manifests and shard markers under RUN_ROOT (a path or "
+                                   "s3://bucket/prefix) and print each cell's state.")
+    p.add_argument("run_root")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("models", help="model utilities")
+    msub = p.add_subparsers(dest="models_command", metavar="WHAT", required=True)
+    t = msub.add_parser("tiny", help="build the tiny offline test models (cached)",
+                        description="Build tiny NLLB (CTranslate2), BGE-M3 and Llama-chat models "
+                                    "with the real architectures, for tests and the demo.")
+    t.add_argument("--dir", default=None, help="cache dir (default: $XLING_CACHE/models/tiny)")
+    t.add_argument("--force", action="store_true", help="rebuild even if cached")
+    return parser
+
+
+def init_ray(cfg: XlingConfig, address: str | None) -> None:
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING)
+    else:
+        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+    import ray.data
+
+    # One bar per cell from the runner is clearer than Ray Data's per-operator bars.
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+
+def run_stages(cfg: XlingConfig, stages: list[str], args) -> int:
+    from xling.jobs.report import status_table, write_report
+    from xling.jobs.runner import Runner
+
+    store = RunStore(cfg.run_root)
+    registry = stage_registry()
+    runner = Runner(store, force=args.force, progress=not args.no_progress)
+    if args.dry_run:
+        for name in stages:
+            if name == "report":
+                print(f"[report] would write {store.url('report/summary.md')}")
+                continue
+            for c in runner.plan(registry[name](), cfg):
+                print(f"[{name}] {c['cell']}: {c['state']} ({c['shards_done']}/{c['n_shards']} "
+                      f"shards committed); would run {c['todo']}\n    out: {c['dir']}\n    in:  "
+                      + "\n         ".join(c["inputs"]))
+        return 0
+    store.check()
+    if any(s != "report" for s in stages):
+        init_ray(cfg, args.address)
+    for name in stages:
+        if name == "report":
+            print(write_report(store))
+        else:
+            runner.run(registry[name](), cfg)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "status":
+            from xling.jobs.report import status_table
+            from xling.jobs.runner import run_status
+
+            store = RunStore(args.run_root)
+            store.check(write=False)
+            rows = run_status(store)
+            print(json.dumps(rows, indent=2) if args.json else status_table(rows))
+            return 0
+        if args.command == "models":
+            from pathlib import Path
+
+            from xling.jobs.tiny_models import build_tiny_models
+
+            paths = build_tiny_models(Path(args.dir) if args.dir else None, force=args.force)
+            for k, v in paths.items():
+                print(f"{k:12s} {v}")
+            return 0
+        cfg = load_config(args.config, args.overrides)
+        if args.command == "validate":
+            from xling.jobs.runner import Runner
+
+            print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+            runner = Runner(RunStore(cfg.run_root))
+            for name in cfg.stages:
+                if name != "report":
+                    for c in runner.plan(stage_registry()[name](), cfg):
+                        print(f"[{name}] cell {c['cell']} -> {c['dir']}")
+            return 0
+        stages = cfg.stages if args.command == "run" else [args.command]
+        return run_stages(cfg, stages, args)
+    except (ConfigError, StoreError) as e:
+        print(f"xling: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("xling: interrupted; committed shards are kept, rerun to resume", file=sys.stderr)
+        return 130
+    except Exception as e:
+        from xling.jobs.runner import StageFailed
+
+        if isinstance(e, StageFailed):
+            print(f"xling: {e}\n  (see `xling status` and the cells' _failed.json)", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

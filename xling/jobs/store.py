@@ -1,0 +1,314 @@
+"""The run store: where every stage reads its inputs and commits its outputs.
+
+`run_root` is a local directory or `s3://bucket/prefix`. S3 is configured only through the
+standard AWS variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_REGION), so the same code talks to AWS S3, MinIO, SeaweedFS or R2. Small objects
+(manifests, shard markers) go through boto3; Parquet goes through pyarrow's filesystem so that
+Ray Data can read and write it directly.
+
+Paths given to a RunStore are always relative to the run root and use "/".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+class StoreError(RuntimeError):
+    """The run store is misconfigured or unreachable; the message says what to fix."""
+
+
+def parse_run_root(uri: str) -> tuple[str, str, str]:
+    """Split a run_root into (scheme, bucket-or-"", path). Raises StoreError on bad URIs."""
+    uri = str(uri).strip()
+    if not uri:
+        raise StoreError("run_root is empty: give a local directory or s3://bucket/prefix")
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", uri)
+    if not m:
+        return "file", "", str(Path(uri).expanduser().resolve())
+    scheme, rest = m.group(1).lower(), m.group(2)
+    if scheme == "file":
+        return "file", "", str(Path(rest).resolve())
+    if scheme not in ("s3", "s3a"):
+        raise StoreError(
+            f"run_root '{uri}': scheme '{scheme}://' is not supported. Use a local path or "
+            f"s3://bucket/prefix (S3-compatible stores such as MinIO, SeaweedFS and R2 are reached "
+            f"through AWS_ENDPOINT_URL)."
+        )
+    bucket, _, prefix = rest.partition("/")
+    if not _BUCKET.match(bucket or ""):
+        raise StoreError(
+            f"run_root '{uri}': '{bucket}' is not a valid S3 bucket name (3-63 characters: "
+            f"lowercase letters, digits, '.' and '-'). Write it as s3://bucket/prefix."
+        )
+    return "s3", bucket, prefix.strip("/")
+
+
+def s3_settings() -> dict[str, str | None]:
+    """The standard AWS variables that decide where S3 requests go."""
+    return {
+        "endpoint": os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+        "region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "access_key": os.environ.get("AWS_ACCESS_KEY_ID"),
+        "secret_key": os.environ.get("AWS_SECRET_ACCESS_KEY"),
+        "session_token": os.environ.get("AWS_SESSION_TOKEN"),
+    }
+
+
+class RunStore:
+    """A run root, local or S3, with atomic small writes and Parquet helpers."""
+
+    def __init__(self, uri: str):
+        self.uri = str(uri)
+        self.scheme, self.bucket, self.prefix = parse_run_root(self.uri)
+
+    def __reduce__(self):  # ship to Ray workers as the URI; clients are rebuilt there
+        return (RunStore, (self.uri,))
+
+    def __repr__(self) -> str:
+        return f"RunStore({self.url()!r})"
+
+    @property
+    def is_s3(self) -> bool:
+        return self.scheme == "s3"
+
+    # ---- naming --------------------------------------------------------------------
+    def key(self, rel: str = "") -> str:
+        """Object key (S3) or absolute path (local) for a path relative to the root."""
+        rel = rel.strip("/")
+        if self.is_s3:
+            return "/".join(p for p in (self.prefix, rel) if p)
+        return os.path.join(self.prefix, rel) if rel else self.prefix
+
+    def fs_path(self, rel: str = "") -> str:
+        """The path pyarrow's filesystem (and so Ray Data) uses for `rel`."""
+        return f"{self.bucket}/{self.key(rel)}".rstrip("/") if self.is_s3 else self.key(rel)
+
+    def url(self, rel: str = "") -> str:
+        if self.is_s3:
+            return f"s3://{self.bucket}/{self.key(rel)}".rstrip("/")
+        return self.key(rel)
+
+    # ---- clients -------------------------------------------------------------------
+    @cached_property
+    def fs(self) -> pafs.FileSystem:
+        if not self.is_s3:
+            return pafs.LocalFileSystem()
+        s = s3_settings()
+        kw: dict[str, Any] = {"region": s["region"]}
+        if s["endpoint"]:
+            scheme, _, host = s["endpoint"].partition("://")
+            kw.update(endpoint_override=host.rstrip("/") or scheme, scheme=scheme if host else "https")
+        if s["access_key"]:
+            kw.update(access_key=s["access_key"], secret_key=s["secret_key"],
+                      session_token=s["session_token"])
+        # Fail in seconds, not minutes, when the endpoint is down.
+        kw.update(connect_timeout=5, request_timeout=60,
+                  retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3))
+        return pafs.S3FileSystem(**kw)
+
+    @cached_property
+    def s3(self):
+        import boto3
+        from botocore.config import Config
+
+        s = s3_settings()
+        return boto3.client(
+            "s3",
+            endpoint_url=s["endpoint"],
+            region_name=s["region"],
+            config=Config(connect_timeout=5, read_timeout=60,
+                          retries={"max_attempts": 3, "mode": "standard"},
+                          s3={"addressing_style": "path"}),
+        )
+
+    # ---- checks --------------------------------------------------------------------
+    def check(self, write: bool = True) -> None:
+        """Fail fast, before any work, if the root cannot be reached or written."""
+        if not self.is_s3:
+            try:
+                Path(self.prefix).mkdir(parents=True, exist_ok=True)
+                if write:
+                    probe = Path(self.prefix) / f".xling-probe-{uuid.uuid4().hex}"
+                    probe.write_bytes(b"ok")
+                    probe.unlink()
+            except OSError as e:
+                raise StoreError(f"run_root '{self.uri}' is not a writable directory: {e}") from None
+            return
+        from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError,
+                                         NoCredentialsError)
+
+        endpoint = s3_settings()["endpoint"] or "AWS S3"
+        try:
+            self.s3.head_bucket(Bucket=self.bucket)
+            if write:
+                probe = self.key(f".xling-probe-{uuid.uuid4().hex}")
+                self.s3.put_object(Bucket=self.bucket, Key=probe, Body=b"ok")
+                self.s3.delete_object(Bucket=self.bucket, Key=probe)
+        except NoCredentialsError:
+            raise StoreError(
+                f"run_root '{self.uri}': no S3 credentials. Set AWS_ACCESS_KEY_ID and "
+                f"AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a non-AWS store)."
+            ) from None
+        except EndpointConnectionError as e:
+            raise StoreError(
+                f"run_root '{self.uri}': cannot reach the S3 endpoint {endpoint} ({e}). Check "
+                f"AWS_ENDPOINT_URL and that the server is running (for a local one: "
+                f"cluster/local-s3.sh start)."
+            ) from None
+        except ClientError as e:
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("404", "NoSuchBucket"):
+                raise StoreError(
+                    f"run_root '{self.uri}': bucket '{self.bucket}' does not exist at {endpoint}. "
+                    f"Create it first (aws s3 mb s3://{self.bucket} --endpoint-url {endpoint})."
+                ) from None
+            if status in (401, 403) or code in ("403", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                                                 "AccessDenied"):
+                raise StoreError(
+                    f"run_root '{self.uri}': {endpoint} rejected the credentials ({code or status}). "
+                    f"Check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and that they may read and "
+                    f"write bucket '{self.bucket}'."
+                ) from None
+            raise StoreError(f"run_root '{self.uri}': S3 error {code} at {endpoint}: {e}") from None
+        except BotoCoreError as e:
+            raise StoreError(
+                f"run_root '{self.uri}': cannot use the S3 endpoint {endpoint}: {e}. Check "
+                f"AWS_ENDPOINT_URL (a full URL such as http://127.0.0.1:8333)."
+            ) from None
+
+    # ---- small objects -------------------------------------------------------------
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Write a whole object; readers see the old object or the new one, never a part."""
+        if self.is_s3:
+            self.s3.put_object(Bucket=self.bucket, Key=self.key(rel), Body=data)
+            return
+        path = Path(self.key(rel))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def read_bytes(self, rel: str) -> bytes:
+        if self.is_s3:
+            try:
+                return self.s3.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read()
+            except self.s3.exceptions.NoSuchKey:
+                raise FileNotFoundError(self.url(rel)) from None
+        return Path(self.key(rel)).read_bytes()
+
+    def write_json(self, rel: str, obj: Any) -> None:
+        self.write_bytes(rel, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+
+    def read_json(self, rel: str) -> Any:
+        return json.loads(self.read_bytes(rel))
+
+    def read_json_or_none(self, rel: str) -> Any:
+        try:
+            return self.read_json(rel)
+        except FileNotFoundError:
+            return None
+
+    def exists(self, rel: str) -> bool:
+        if self.is_s3:
+            from botocore.exceptions import ClientError
+
+            try:
+                self.s3.head_object(Bucket=self.bucket, Key=self.key(rel))
+                return True
+            except ClientError as e:
+                if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                    return False
+                raise
+        return os.path.exists(self.key(rel))
+
+    def list(self, rel: str = "") -> list[str]:
+        """All files below `rel`, as paths relative to the run root, sorted."""
+        base = self.key(rel)
+        if self.is_s3:
+            prefix = base.rstrip("/") + "/" if base else ""
+            out = []
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                out += [o["Key"] for o in page.get("Contents", [])]
+            strip = len(self.prefix) + 1 if self.prefix else 0
+            return sorted(k[strip:] for k in out)
+        if not os.path.isdir(base):
+            return []
+        out = []
+        for dirpath, _, files in os.walk(base):
+            for f in files:
+                if not f.startswith(".xling-probe") and not (f.startswith(".") and ".json." in f):
+                    out.append(os.path.relpath(os.path.join(dirpath, f), self.prefix))
+        return sorted(p.replace(os.sep, "/") for p in out)
+
+    def list_dirs(self, rel: str = "") -> list[str]:
+        """Immediate sub-directories (S3: common prefixes) of `rel`, by name."""
+        base = self.key(rel)
+        if self.is_s3:
+            prefix = base.rstrip("/") + "/" if base else ""
+            names = set()
+            for page in self.s3.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+                names |= {p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])}
+            return sorted(names)
+        if not os.path.isdir(base):
+            return []
+        return sorted(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)))
+
+    def delete(self, rel: str) -> None:
+        if self.is_s3:
+            self.s3.delete_object(Bucket=self.bucket, Key=self.key(rel))
+        elif os.path.exists(self.key(rel)):
+            os.remove(self.key(rel))
+
+    def delete_tree(self, rel: str) -> None:
+        if self.is_s3:
+            keys = [self.key(r) for r in self.list(rel)]
+            for i in range(0, len(keys), 1000):
+                self.s3.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+        else:
+            shutil.rmtree(self.key(rel), ignore_errors=True)
+
+    def move(self, src: str, dst: str) -> None:
+        """Rename within the store: atomic locally, server-side copy + delete on S3."""
+        if self.is_s3:
+            self.s3.copy_object(Bucket=self.bucket, Key=self.key(dst),
+                                CopySource={"Bucket": self.bucket, "Key": self.key(src)})
+            self.s3.delete_object(Bucket=self.bucket, Key=self.key(src))
+        else:
+            Path(self.key(dst)).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.key(src), self.key(dst))
+
+    # ---- parquet -------------------------------------------------------------------
+    def write_parquet(self, rel: str, table: pa.Table) -> None:
+        if not self.is_s3:
+            Path(self.key(rel)).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, self.fs_path(rel), filesystem=self.fs, compression="zstd")
+
+    def read_parquet(self, rels: list[str] | str, columns: list[str] | None = None) -> pa.Table:
+        rels = [rels] if isinstance(rels, str) else list(rels)
+        tables = [pq.read_table(self.fs_path(r), filesystem=self.fs, columns=columns) for r in rels]
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables, promote_options="default")
+
+    def parquet_rows(self, rel: str) -> int:
+        with self.fs.open_input_file(self.fs_path(rel)) as f:
+            return pq.ParquetFile(f).metadata.num_rows
