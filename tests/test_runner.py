@@ -38,7 +38,7 @@ class EchoStage(Stage):
 
         return ray.data.from_items([{"_rid": r["id"], **r} for r in self.rows])
 
-    def map(self, ds, cell, cfg):
+    def map(self, ds, cells, cfg):
         import functools
 
         return ds.map_batches(functools.partial(_upper, drop=self.drop, boom=self.boom),

@@ -18,11 +18,20 @@ import pyarrow as pa
 
 class DocumentStats:
     def __init__(self, tokenizer_path: str):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformers import AutoTokenizer
+        # Loaded once per actor for the life of the pool. The Rust `tokenizers` file that NLLB
+        # checkpoints ship loads in milliseconds; importing transformers costs ~10 s per actor.
+        path = os.path.join(tokenizer_path, "tokenizer.json")
+        if os.path.isfile(path):
+            from tokenizers import Tokenizer
 
-        # Loaded once per actor for the life of the pool.
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+            tok = Tokenizer.from_file(path)
+            self.encode = lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+        else:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from transformers import AutoTokenizer
+
+            hf = AutoTokenizer.from_pretrained(tokenizer_path)
+            self.encode = lambda texts: hf(texts, add_special_tokens=False)["input_ids"]
 
     def segments(self, text: str, lang: str) -> list[str]:
         from sentencex import segment
@@ -39,7 +48,7 @@ class DocumentStats:
         errors = batch["error"].to_pylist()
         n_chars, n_segments, n_tokens = [], [], []
         ok = [i for i, e in enumerate(errors) if e is None]
-        tokens = self.tokenizer([texts[i] for i in ok], add_special_tokens=False)["input_ids"] if ok else []
+        tokens = self.encode([texts[i] for i in ok]) if ok else []
         by_row = dict(zip(ok, tokens))
         for i, (text, lang) in enumerate(zip(texts, langs)):
             if i not in by_row:

@@ -75,7 +75,7 @@ class IngestStage(Stage):
                                   source=spec.name)
         return ds.map_batches(parse, batch_format="pyarrow")
 
-    def map(self, ds, cell: Cell, cfg: XlingConfig):
+    def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         p = cfg.ingest.parallel
         return ds.map_batches(DocumentStats, fn_constructor_kwargs={
                                   "tokenizer_path": resolve_model(cfg.ingest.tokenizer)},

@@ -48,7 +48,7 @@ import xxhash
 from xling.jobs.config import XlingConfig, stable_hash
 from xling.jobs.store import RunStore
 
-RID, SHARD, ERROR = "_rid", "_shard", "error"
+RID, SHARD, CELL, ERROR = "_rid", "_shard", "_cell", "error"
 
 
 def now() -> str:
@@ -122,9 +122,12 @@ class Cell:
 class Stage(ABC):
     """A stage: which cells a config asks for, how to read a cell's input, how to map it.
 
-    `read` returns a Ray Dataset whose rows carry a unique string `_rid`. `map` returns the
-    output Dataset; every output row keeps its input's `_rid` and `_shard` (1:1 or 1:N), and
-    failures are rows with a non-null `error`, never exceptions.
+    `read(cell)` returns a Ray Dataset whose rows carry a unique string `_rid`. `map(ds,
+    cells)` maps the input rows of several cells at once (one actor pool per model, shared
+    by every cell of the run); rows carry `_cell` (an index into `cells`) so a stage whose
+    cells differ in a setting can look it up per row. Every output row keeps its input's
+    `_rid`, `_cell` and `_shard` (1:1 or 1:N), and failures are rows with a non-null
+    `error`, never exceptions.
     """
 
     name: str = ""
@@ -137,10 +140,11 @@ class Stage(ABC):
     def read(self, cell: Cell, cfg: XlingConfig): ...
 
     @abstractmethod
-    def map(self, ds, cell: Cell, cfg: XlingConfig): ...
+    def map(self, ds, cells: list[Cell], cfg: XlingConfig): ...
 
-    def describe(self, cell: Cell) -> str:
-        return ", ".join(f"{k}={v}" for k, v in cell.key.items())
+    def group(self, cell: Cell) -> str:
+        """Cells with the same group share one pipeline (and its actor pools)."""
+        return ""
 
 
 class StageFailed(RuntimeError):
@@ -154,7 +158,7 @@ class StageFailed(RuntimeError):
 @dataclass
 class CellReport:
     cell: Cell
-    state: str  # done | skipped | failed | dry-run
+    state: str  # done | skipped | failed
     rows: int = 0
     errors: int = 0
     shards_run: int = 0
@@ -187,47 +191,89 @@ class Runner:
         return out
 
     def run(self, stage: Stage, cfg: XlingConfig) -> list[CellReport]:
-        reports = []
-        for cell in stage.cells(cfg):
-            try:
-                reports.append(self.run_cell(stage, cell, cfg))
-            except Exception as e:  # the cell is marked failed; other cells still run
-                self.store.write_json(f"{cell.dir}/_failed.json", {
-                    "run_id": self.run_id, "at": now(), "error": f"{type(e).__name__}: {e}",
-                    "traceback": traceback.format_exc()})
-                self.log(f"[{stage.name}] {cell.id}: FAILED: {type(e).__name__}: {e}")
-                reports.append(CellReport(cell, "failed", message=str(e)))
-        failed = [r for r in reports if r.state == "failed"]
-        if failed:
-            raise StageFailed(f"{stage.name}: {len(failed)} of {len(reports)} cell(s) failed: "
-                              + "; ".join(f"{r.cell.id}: {r.message}" for r in failed))
-        return reports
-
-    def run_cell(self, stage: Stage, cell: Cell, cfg: XlingConfig) -> CellReport:
-        store, d = self.store, cell.dir
-        manifest = store.read_json_or_none(f"{d}/_manifest.json")
-        if manifest and not self.force:
-            self.log(f"[{stage.name}] {cell.id}: done earlier ({manifest['rows']} rows, "
-                     f"{manifest['errors']} errors), skipped")
-            return CellReport(cell, "skipped", manifest["rows"], manifest["errors"],
-                              0, manifest["n_shards"])
-        if self.force:
-            store.delete_tree(d)
+        """Run every cell of a stage: skip done ones, partition, process, commit, finish."""
         t0 = time.time()
-        self._write_plan(cell)
-        inputs = self._partition(stage, cell, cfg)
-        done = self._committed(cell)
-        pending = [s for s in range(cell.n_shards) if s not in done]
-        self.log(f"[{stage.name}] {cell.id}: {inputs['rows']} input rows, {cell.n_shards} shards, "
-                 f"{len(done)} already committed, {len(pending)} to run")
-        store.delete_tree(f"{d}/_tmp")
-        if pending:
-            self._process(stage, cell, cfg, inputs, pending)
-        report = self._finish(stage, cell, inputs, t0)
-        report.shards_run = len(pending)
-        return report
+        reports: dict[str, CellReport] = {}
+        cells, todo = stage.cells(cfg), []
+        for cell in cells:
+            manifest = self.store.read_json_or_none(f"{cell.dir}/_manifest.json")
+            if manifest and not self.force:
+                self.log(f"[{stage.name}] {cell.id}: done earlier ({manifest['rows']} rows, "
+                         f"{manifest['errors']} errors), skipped")
+                reports[cell.id] = CellReport(cell, "skipped", manifest["rows"],
+                                              manifest["errors"], 0, manifest["n_shards"])
+            else:
+                todo.append(cell)
+        try:
+            inputs = self._prepare(stage, todo, cfg, reports)
+        except Exception as e:  # e.g. a source that cannot be read: those cells fail
+            inputs = {}
+            for cell in todo:
+                if cell.id not in reports:
+                    self._fail(stage, cell, e, reports)
+        ready = [c for c in todo if c.id in inputs and c.id not in reports]
+        groups: dict[str, list[Cell]] = {}
+        for cell in ready:
+            groups.setdefault(stage.group(cell), []).append(cell)
+        for group in groups.values():
+            try:
+                self._process(stage, group, cfg, inputs)
+            except Exception as e:  # committed shards stay; the cells are marked failed
+                for cell in group:
+                    self._fail(stage, cell, e, reports)
+        for cell in ready:
+            if cell.id not in reports:
+                try:
+                    reports[cell.id] = self._finish(stage, cell, inputs[cell.id], t0)
+                except Exception as e:
+                    self._fail(stage, cell, e, reports)
+        ordered = [reports[c.id] for c in cells]
+        failed = [r for r in ordered if r.state == "failed"]
+        if failed:
+            raise StageFailed(f"{stage.name}: {len(failed)} of {len(ordered)} cell(s) failed: "
+                              + "; ".join(f"{r.cell.id}: {r.message}" for r in failed))
+        return ordered
+
+    def _fail(self, stage: Stage, cell: Cell, e: BaseException, reports: dict) -> None:
+        self.store.write_json(f"{cell.dir}/_failed.json", {
+            "run_id": self.run_id, "at": now(), "error": f"{type(e).__name__}: {e}",
+            "traceback": "".join(traceback.format_exception(e))})
+        self.log(f"[{stage.name}] {cell.id}: FAILED: {type(e).__name__}: {e}")
+        reports[cell.id] = CellReport(cell, "failed", message=str(e))
 
     # ---- steps ---------------------------------------------------------------------
+    def _prepare(self, stage: Stage, cells: list[Cell], cfg: XlingConfig,
+                 reports: dict) -> dict[str, dict]:
+        """Plan every cell and partition the inputs of those not yet partitioned.
+
+        Returns {cell id: input info}; a cell whose input is bad (empty, duplicate ids, a
+        changed shard count) is marked failed here and left out, so the others still run.
+        """
+        out, fresh = {}, []
+        for cell in cells:
+            if self.force:
+                self.store.delete_tree(cell.dir)
+            try:
+                self._write_plan(cell)
+            except StageFailed as e:
+                self._fail(stage, cell, e, reports)
+                continue
+            found = self.store.read_json_or_none(f"{cell.dir}/_input/_done.json")
+            if found:
+                out[cell.id] = found
+            else:
+                self.store.delete_tree(f"{cell.dir}/_input")
+                fresh.append(cell)
+        if fresh:
+            out.update(self._partition(stage, fresh, cfg, reports))
+        for cell in cells:
+            if cell.id in out and cell.id not in reports:
+                done = len(self._committed(cell))
+                self.log(f"[{stage.name}] {cell.id}: {out[cell.id]['rows']} input rows, "
+                         f"{cell.n_shards} shards, {done} already committed, "
+                         f"{cell.n_shards - done} to run")
+        return out
+
     def _write_plan(self, cell: Cell) -> None:
         path = f"{cell.dir}/_plan.json"
         plan = self.store.read_json_or_none(path)
@@ -241,39 +287,48 @@ class Runner:
                                          "n_shards": cell.n_shards, "inputs": cell.inputs,
                                          "created_at": now()})
 
-    def _partition(self, stage: Stage, cell: Cell, cfg: XlingConfig) -> dict:
-        """Split the input into shard files once; later runs reuse them."""
-        done_path = f"{cell.dir}/_input/_done.json"
-        found = self.store.read_json_or_none(done_path)
-        if found:
-            return found
-        self.store.delete_tree(f"{cell.dir}/_input")
-        ds = stage.read(cell, cfg)
+    def _partition(self, stage: Stage, cells: list[Cell], cfg: XlingConfig,
+                   reports: dict) -> dict[str, dict]:
+        """Split the inputs of several cells into shard files, in one Ray Data pipeline."""
+        import ray.data
+
+        parts = [stage.read(cell, cfg).map_batches(functools.partial(_tag_cell, index=i),
+                                                   batch_format="pyarrow")
+                 for i, cell in enumerate(cells)]
+        ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
         writer = functools.partial(_write_shards, store=self.store,
-                                   rel_dir=f"{cell.dir}/_input", n_shards=cell.n_shards)
+                                   dirs=[f"{c.dir}/_input" for c in cells],
+                                   n_shards=[c.n_shards for c in cells])
         written = ds.map_batches(writer, batch_format="pyarrow", batch_size=4096).take_all()
-        files: dict[int, list[str]] = {}
+        files: dict[tuple[int, int], list[str]] = {}
         for w in written:
-            files.setdefault(int(w["shard"]), []).append(w["path"])
-        shards, seen, dups, total = {}, set(), [], 0
-        for s in sorted(files):
-            rids = self.store.read_parquet(files[s], columns=[RID])[RID].to_pylist()
-            for r in rids:
-                if r in seen:
-                    dups.append(r)
-                seen.add(r)
-            shards[str(s)] = {"rows": len(rids), "fingerprint": fingerprint(rids),
-                              "files": sorted(files[s])}
-            total += len(rids)
-        if dups:
-            raise StageFailed(f"input of {cell.id} has {len(dups)} duplicate record id(s), e.g. "
-                              f"{dups[:5]}; ids must be unique within a cell")
-        if total == 0:
-            raise StageFailed(f"input of {cell.id} is empty ({', '.join(cell.inputs)})")
-        info = {"rows": total, "fingerprint": fingerprint(seen), "shards": shards,
-                "written_at": now(), "run_id": self.run_id}
-        self.store.write_json(done_path, info)
-        return info
+            files.setdefault((int(w["cell"]), int(w["shard"])), []).append(w["path"])
+        out = {}
+        for i, cell in enumerate(cells):
+            shards, seen, dups, total = {}, set(), [], 0
+            for s in sorted(s for (c, s) in files if c == i):
+                rids = self.store.read_parquet(files[(i, s)], columns=[RID])[RID].to_pylist()
+                for r in rids:
+                    if r in seen:
+                        dups.append(r)
+                    seen.add(r)
+                shards[str(s)] = {"rows": len(rids), "fingerprint": fingerprint(rids),
+                                  "files": sorted(files[(i, s)])}
+                total += len(rids)
+            try:
+                if dups:
+                    raise StageFailed(f"input has {len(dups)} duplicate record id(s), e.g. "
+                                      f"{dups[:5]}; ids must be unique within a cell")
+                if total == 0:
+                    raise StageFailed(f"input is empty ({', '.join(cell.inputs)})")
+            except StageFailed as e:
+                self._fail(stage, cell, e, reports)
+                continue
+            info = {"rows": total, "fingerprint": fingerprint(seen), "shards": shards,
+                    "written_at": now(), "run_id": self.run_id}
+            self.store.write_json(f"{cell.dir}/_input/_done.json", info)
+            out[cell.id] = info
+        return out
 
     def _committed(self, cell: Cell) -> dict[int, dict]:
         out = {}
@@ -283,72 +338,84 @@ class Runner:
                 out[int(marker["shard"])] = marker
         return out
 
-    def _process(self, stage: Stage, cell: Cell, cfg: XlingConfig, inputs: dict,
-                 pending: list[int]) -> None:
+    def _process(self, stage: Stage, cells: list[Cell], cfg: XlingConfig, inputs: dict) -> None:
+        """Stream the pending shards of some cells through one pipeline; commit each shard."""
         import ray.data
         from tqdm import tqdm
 
-        # Shards with no input rows have nothing to stream; commit them empty.
-        for s in [s for s in pending if str(s) not in inputs["shards"]]:
-            self._commit(stage, cell, s, None, {"rows": 0, "fingerprint": fingerprint([])}, set())
-        pending = [s for s in pending if str(s) in inputs["shards"]]
-        if not pending:
+        todo: list[tuple[int, int]] = []  # (cell index, shard), in stream order
+        for i, cell in enumerate(cells):
+            self.store.delete_tree(f"{cell.dir}/_tmp")
+            info, done = inputs[cell.id], self._committed(cell)
+            for s in range(cell.n_shards):
+                if s in done:
+                    continue
+                if str(s) in info["shards"]:
+                    todo.append((i, s))
+                else:  # a shard no record hashed to: nothing to stream, commit it empty
+                    self._commit(stage, cell, s, [], {"rows": 0, "fingerprint": fingerprint([])},
+                                 set(), time.time())
+        if not todo:
             return
         # Ordered streaming lets a shard commit as soon as the next shard's rows appear,
-        # while one long-lived actor pool serves every shard of the cell.
-        ctx = ray.data.DataContext.get_current()
-        ctx.execution_options.preserve_order = True
-        files = [self.store.fs_path(f) for s in pending for f in inputs["shards"][str(s)]["files"]]
+        # while one long-lived actor pool serves every shard of every cell in the group.
+        ray.data.DataContext.get_current().execution_options.preserve_order = True
+        files = [self.store.fs_path(f) for i, s in todo
+                 for f in inputs[cells[i].id]["shards"][str(s)]["files"]]
         ds = ray.data.read_parquet(files, filesystem=self.store.fs, shuffle=None)
-        out = stage.map(ds, cell, cfg)
-        total = sum(inputs["shards"][str(s)]["rows"] for s in pending)
-        bar = tqdm(total=total, desc=f"{stage.name} {cell.id}", unit="rec",
+        out = stage.map(ds, cells, cfg)
+        total = sum(inputs[cells[i].id]["shards"][str(s)]["rows"] for i, s in todo)
+        label = cells[0].id if len(cells) == 1 else f"{len(cells)} cells"
+        bar = tqdm(total=total, desc=f"{stage.name} {label}", unit="rec",
                    disable=not self.progress, dynamic_ncols=True)
         delay = float(os.environ.get("XLING_FAULT_COMMIT_DELAY", "0") or 0)
-        current, parts, seen = None, [], set()
-        started = time.time()
+        current, parts, seen, started = None, [], set(), time.time()
+
+        def commit(key):
+            if delay:
+                time.sleep(delay)  # fault-injection hook: widens the window for kill tests
+            cell = cells[key[0]]
+            self._commit(stage, cell, key[1], parts, inputs[cell.id]["shards"][str(key[1])],
+                         seen, started)
+
         for batch in out.iter_batches(batch_format="pyarrow", batch_size=None):
             if batch.num_rows == 0:
                 continue
-            shards = batch[SHARD].to_numpy()
-            # A batch may span a shard boundary: split it where the shard changes.
-            bounds = np.flatnonzero(np.diff(shards)) + 1
-            for lo, hi in zip([0, *bounds], [*bounds, len(shards)]):
-                piece, s = batch.slice(lo, hi - lo), int(shards[lo])
-                if current is not None and s != current:
-                    if delay:
-                        time.sleep(delay)  # fault-injection hook for resume tests
-                    self._commit(stage, cell, current, parts, inputs["shards"][str(current)], seen,
-                                 started)
+            keys = batch[CELL].to_numpy() * 1_000_000_000 + batch[SHARD].to_numpy()
+            # A batch may span a shard boundary: split it where (cell, shard) changes.
+            bounds = np.flatnonzero(np.diff(keys)) + 1
+            for lo, hi in zip([0, *bounds], [*bounds, len(keys)]):
+                piece = batch.slice(lo, hi - lo)
+                key = (int(piece[CELL][0].as_py()), int(piece[SHARD][0].as_py()))
+                if current is not None and key != current:
+                    commit(current)
                     parts, seen, started = [], set(), time.time()
-                current = s
+                current = key
                 parts.append(piece)
                 new = set(piece[RID].to_pylist()) - seen
                 seen |= new
                 bar.update(len(new))
         if current is not None:
-            self._commit(stage, cell, current, parts, inputs["shards"][str(current)], seen, started)
+            commit(current)
         bar.close()
 
-    def _commit(self, stage: Stage, cell: Cell, shard: int, parts: list | None, expected: dict,
-                seen: set, started: float | None = None) -> None:
+    def _commit(self, stage: Stage, cell: Cell, shard: int, parts: list, expected: dict,
+                seen: set, started: float) -> None:
         """Write a shard's output under a temporary name, move it into place, then mark it."""
         store, d = self.store, cell.dir
-        table = pa.concat_tables(parts, promote_options="default") if parts else None
+        tables = list(parts)
         missing = expected["rows"] - len(seen)
         if missing:
             # The stage lost records: they become error rows, never silent gaps.
             rids = store.read_parquet(expected["files"], columns=[RID])[RID].to_pylist()
             lost = [r for r in rids if r not in seen]
-            extra = pa.table({RID: lost, SHARD: [shard] * len(lost), stage.id_column: lost,
-                              ERROR: ["stage produced no output for this record"] * len(lost)})
-            table = extra if table is None else pa.concat_tables([table, extra],
-                                                                 promote_options="default")
-        if table is None:
-            table = pa.table({ERROR: pa.array([], pa.string())})
+            tables.append(pa.table({RID: lost, stage.id_column: lost,
+                                    ERROR: ["stage produced no output for this record"] * len(lost)}))
+        table = (pa.concat_tables(tables, promote_options="default") if tables
+                 else pa.table({ERROR: pa.array([], pa.string())}))
         if ERROR not in table.column_names:
             table = table.append_column(ERROR, pa.nulls(table.num_rows, pa.string()))
-        table = table.drop_columns([c for c in (RID, SHARD) if c in table.column_names
+        table = table.drop_columns([c for c in (RID, SHARD, CELL) if c in table.column_names
                                     and c != stage.id_column])
         name = f"part-{shard:05d}.parquet"
         tmp = f"{d}/_tmp/{self.run_id}/{name}"
@@ -359,9 +426,8 @@ class Runner:
             "shard": shard, "file": name, "rows": table.num_rows, "errors": errors,
             "input_rows": expected["rows"], "input_fingerprint": expected["fingerprint"],
             "lost_records": missing, "run_id": self.run_id, "host": socket.gethostname(),
-            "started_at": _dt.datetime.fromtimestamp(started or time.time(),
-                                                     _dt.timezone.utc).isoformat(),
-            "committed_at": now(), "seconds": round(time.time() - (started or time.time()), 3)})
+            "started_at": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(),
+            "committed_at": now(), "seconds": round(time.time() - started, 3)})
 
     def _finish(self, stage: Stage, cell: Cell, inputs: dict, t0: float) -> CellReport:
         store, d = self.store, cell.dir
@@ -376,8 +442,7 @@ class Runner:
             "config_hash": cell.hash, "code_version": code_version(),
             "inputs": {"sources": cell.inputs, "rows": inputs["rows"],
                        "fingerprint": inputs["fingerprint"],
-                       "shards": {s: {k: v["rows"] if k == "rows" else v["fingerprint"]
-                                      for k in ("rows", "fingerprint")}
+                       "shards": {s: {"rows": v["rows"], "fingerprint": v["fingerprint"]}
                                   for s, v in inputs["shards"].items()}},
             "n_shards": cell.n_shards, "rows": rows, "errors": errors,
             "files": [markers[s]["file"] for s in sorted(markers)],
@@ -395,25 +460,35 @@ class Runner:
         store.write_json(f"{d}/_manifest.json", manifest)  # last: marks the cell done
         self.log(f"[{stage.name}] {cell.id}: committed {rows} rows ({errors} errors) -> "
                  f"{store.url(d)}")
-        return CellReport(cell, "done", rows, errors, 0, cell.n_shards, time.time() - t0)
+        ran = sum(m["run_id"] == self.run_id for m in markers.values())
+        return CellReport(cell, "done", rows, errors, ran, cell.n_shards, time.time() - t0)
 
 
-def _write_shards(batch: pa.Table, *, store: RunStore, rel_dir: str, n_shards: int) -> pa.Table:
-    """map_batches task: split input rows by shard into Parquet files in the store."""
+def _tag_cell(batch: pa.Table, *, index: int) -> pa.Table:
+    return batch.append_column(CELL, pa.array([index] * batch.num_rows, pa.int64()))
+
+
+def _write_shards(batch: pa.Table, *, store: RunStore, dirs: list[str],
+                  n_shards: list[int]) -> pa.Table:
+    """map_batches task: split input rows by (cell, shard) into Parquet files in the store."""
     if RID not in batch.column_names:
         raise ValueError(f"stage input has no `{RID}` column (record id)")
     batch = batch.set_column(batch.column_names.index(RID), RID, pc.cast(batch[RID], pa.string()))
-    shards = shard_of(batch[RID], n_shards)
+    cells = batch[CELL].to_numpy()
+    shards = np.zeros(len(cells), dtype=np.int64)
+    for c in np.unique(cells):
+        rows = cells == c
+        shards[rows] = shard_of(batch[RID].filter(pa.array(rows)), n_shards[c])
     batch = batch.append_column(SHARD, pa.array(shards, pa.int64()))
-    out_s, out_p, out_n = [], [], []
-    for s in np.unique(shards):
-        part = batch.filter(pa.array(shards == s))
-        rel = f"{rel_dir}/{int(s):05d}/{uuid.uuid4().hex}.parquet"
+    out_c, out_s, out_p = [], [], []
+    for c, s in sorted({(int(c), int(s)) for c, s in zip(cells, shards)}):
+        part = batch.filter(pa.array((cells == c) & (shards == s)))
+        rel = f"{dirs[c]}/{s:05d}/{uuid.uuid4().hex}.parquet"
         store.write_parquet(rel, part)
-        out_s.append(int(s))
+        out_c.append(c)
+        out_s.append(s)
         out_p.append(rel)
-        out_n.append(part.num_rows)
-    return pa.table({"shard": out_s, "path": out_p, "rows": out_n})
+    return pa.table({"cell": out_c, "shard": out_s, "path": out_p})
 
 
 # ---------------------------------------------------------------------------------------

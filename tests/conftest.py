@@ -1,0 +1,33 @@
+"""Shared pytest fixtures.
+
+S3: `s3_server` is a real SeaweedFS S3 endpoint on 127.0.0.1 for the whole session (see
+xling.jobs.devstore), with the bucket `xling-test`; `s3_env` points the standard AWS
+variables at it for one test.
+"""
+from __future__ import annotations
+
+import pytest
+
+from xling.jobs.devstore import SHADOWING_AWS_VARS, S3Server, start_seaweedfs
+
+S3_TEST_BUCKET = "xling-test"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> S3Server:
+    srv = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        srv.create_bucket(S3_TEST_BUCKET)
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def s3_env(monkeypatch, s3_server) -> dict[str, str]:
+    for k in SHADOWING_AWS_VARS:
+        monkeypatch.delenv(k, raising=False)
+    env = s3_server.env()
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env

@@ -1,0 +1,150 @@
+"""Fault test: SIGKILL the driver of a multi-shard stage mid-run, rerun, and check the output.
+
+Runs the real `xling ingest` CLI (local Ray, the tiny NLLB tokenizer, sentencex) on a corpus
+made from the real Mr.TyDi passages in data/demo, once with a local run root and once with
+the run root on the SeaweedFS S3 server. The final output must hold exactly the input's
+record ids, and the shards committed before the kill must not be recomputed: their markers
+(run id, commit time) are unchanged after the rerun.
+"""
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from xling.jobs.runner import read_cell
+from xling.jobs.store import RunStore
+
+ROOT = Path(__file__).resolve().parents[1]
+N_SHARDS = 12
+
+
+def sentence_corpus(path: Path) -> list[str]:
+    """One document per sentence of the real demo passages (~400 records)."""
+    from sentencex import segment
+
+    ids = []
+    with path.open("w", encoding="utf-8") as out:
+        for f in sorted((ROOT / "data/demo/mrtydi").glob("*.jsonl.gz")):
+            lang = f.name.split(".")[0]
+            for line in gzip.open(f, "rt", encoding="utf-8"):
+                doc = json.loads(line)
+                for j, sent in enumerate(segment(lang, doc["text"])):
+                    if sent.strip():
+                        ids.append(f"{lang}-{doc['docid']}-{j}")
+                        out.write(json.dumps({"id": ids[-1], "body": sent}, ensure_ascii=False) + "\n")
+    # One malformed line: it must come out as an error row, not vanish.
+    with path.open("a") as out:
+        out.write('{"id": "broken", "body": \n')
+    return ids
+
+
+def write_config(tmp_path: Path, run_root: str) -> Path:
+    corpus = tmp_path / "sentences.jsonl"
+    cfg = tmp_path / "resume.yaml"
+    cfg.write_text(f"""
+name: resume
+run_root: {run_root}
+stages: [ingest]
+ray: {{num_cpus: 2}}
+ingest:
+  tokenizer: tiny:nllb_hf
+  shards: {N_SHARDS}
+  parallel: {{concurrency: [1, 1], batch_size: 8}}
+  corpora:
+    - name: sentences
+      format: jsonl
+      path: {corpus}
+      langs: [en]
+      id_field: id
+      title_field: null
+      text_field: body
+""")
+    return cfg
+
+
+def markers(store: RunStore) -> dict[int, dict]:
+    out = {}
+    for rel in store.list("ingest"):
+        if "/_shards/" in rel:
+            m = store.read_json(rel)
+            out[m["shard"]] = m
+    return out
+
+
+def xling(*args, env=None, **kw):
+    return subprocess.Popen([sys.executable, "-m", "xling.jobs.cli", *args], cwd=ROOT,
+                            env={**os.environ, **(env or {})}, start_new_session=True, **kw)
+
+
+@pytest.fixture(params=["local", "s3"])
+def run_root(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "run")
+    s3 = request.getfixturevalue("s3_server")
+    for k, v in s3.env().items():
+        request.getfixturevalue("monkeypatch").setenv(k, v)
+    return f"s3://xling-test/resume-{os.getpid()}-{int(time.time() * 1000)}"
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume(tmp_path, run_root, tiny_models):
+    ids = sentence_corpus(tmp_path / "sentences.jsonl")
+    cfg = write_config(tmp_path, run_root)
+    store = RunStore(run_root)
+
+    # A slow commit (fault-injection knob) leaves a wide window to kill the driver in.
+    proc = xling("ingest", "--config", str(cfg), "--no-progress",
+                 env={"XLING_FAULT_COMMIT_DELAY": "1.5"}, stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT)
+    deadline = time.time() + 240
+    while len(markers(store)) < 3:
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.time() < deadline, "no shard committed in time"
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)  # the driver, mid-run
+    proc.wait()
+    try:  # and whatever local Ray processes it left, as a lost node would
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    first = markers(store)
+    assert 3 <= len(first) < N_SHARDS, "the kill should land mid-run"
+    [cell] = [c for c in store.list_dirs("ingest")]
+    assert not store.exists(f"ingest/{cell}/_manifest.json")
+
+    # xling status sees a partial cell.
+    st = subprocess.run([sys.executable, "-m", "xling.jobs.cli", "status", run_root, "--json"],
+                        cwd=ROOT, capture_output=True, text=True, check=True)
+    [row] = json.loads(st.stdout)
+    assert row["state"] == "partial" and row["shards_done"] == len(first)
+
+    rerun = xling("ingest", "--config", str(cfg), "--no-progress", stdout=subprocess.PIPE,
+                  stderr=subprocess.STDOUT)
+    out, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, out.decode()[-3000:]
+    assert f"{len(first)} already committed, {N_SHARDS - len(first)} to run" in out.decode()
+
+    final = markers(store)
+    assert len(final) == N_SHARDS
+    for s, m in first.items():  # committed shards were not recomputed
+        assert final[s] == m
+    manifest = store.read_json(f"ingest/{cell}/_manifest.json")
+    assert len(manifest["run_ids"]) == 2
+    assert sum(m["run_id"] != manifest["run_ids"][0] for m in final.values()) >= 1
+
+    table = read_cell(store, f"ingest/{cell}")
+    got = table["doc_id"].to_pylist()
+    assert len(got) == len(set(got)), "duplicated rows"
+    good = [d for d, e in zip(got, table["error"].to_pylist()) if e is None]
+    assert sorted(good) == sorted(ids), "missing or extra records"
+    bad = [e for e in table["error"].to_pylist() if e]
+    assert len(bad) == 1 and "malformed JSON" in bad[0]
+    assert manifest["rows"] == len(ids) + 1 and manifest["errors"] == 1
+    assert all(n > 0 for n in table["n_tokens"].to_pylist() if n is not None)
