@@ -184,9 +184,11 @@ def test_ray_data_parquet_round_trip(s3_server: S3Server, local_ray):
     ds.write_parquet(uri, filesystem=fs)
 
     # The files are really in the bucket (not on a local path named "s3:")...
-    keys = [o["Key"] for o in s3_server.client().list_objects_v2(
-        Bucket=BUCKET, Prefix=uri.split(f"{BUCKET}/", 1)[1])["Contents"]]
-    assert keys and all(k.endswith(".parquet") for k in keys)
+    prefix = uri.split(f"{BUCKET}/", 1)[1]
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]]
+    # pyarrow's create_dir leaves an empty "ray-out/" marker object next to the files.
+    files = [k for k in keys if not k.endswith("/")]
+    assert files and all(k.endswith(".parquet") for k in files)
     assert not Path("s3:").exists()
 
     # ...and come back whole.
@@ -251,6 +253,9 @@ def test_cli_start_env_stop(tmp_path):
     finally:
         _cli("stop", "--dir", str(d), check=False)
     assert not Path(f"/proc/{pid}").exists() or "weed" not in Path(f"/proc/{pid}/cmdline").read_text()
+    # weed's unix sockets in /tmp (named after its gRPC ports) do not outlive it.
+    ports = json.loads((d / "server.json").read_text())["ports"]
+    assert not [k for k, p in ports.items() if Path(f"/tmp/seaweedfs-{k}-grpc-{p + 10000}.sock").exists()]
 
 
 def test_missing_weed_binary_is_explained(monkeypatch, tmp_path):

@@ -125,3 +125,29 @@ def ray_local():
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield
     ray.shutdown()
+
+
+def test_xling_status_shows_done_partial_failed(ray_local, tmp_path):
+    import subprocess
+    import sys
+
+    store = RunStore(str(tmp_path / "run"))
+    Runner(store, progress=False).run(EchoStage(ROWS, tag="good"), None)
+    with pytest.raises(StageFailed):
+        Runner(store, progress=False).run(EchoStage(ROWS, boom=True, tag="bad"), None)
+    half = EchoStage(ROWS, drop={"d001"}, tag="half")
+    Runner(store, progress=False).run(half, None)
+    cell = half.cells(None)[0]
+    # As a driver killed after 3 of 5 shard commits leaves it: no manifest, 3 markers.
+    store.delete(f"{cell.dir}/_manifest.json")
+    for rel in sorted(p for p in store.list(f"{cell.dir}/_shards"))[3:]:
+        store.delete(rel)
+    res = subprocess.run([sys.executable, "-m", "xling.jobs.cli", "status", store.url()],
+                         capture_output=True, text=True, check=True)
+    lines = {l.split()[1].split(".")[0]: l.split() for l in res.stdout.splitlines()[2:]}
+    assert lines["good"][2:6] == ["done", "5/5", "60", "6"]
+    assert lines["bad"][2:4] == ["failed", "0/5"] and "model exploded" in " ".join(lines["bad"])
+    assert lines["half"][2:4] == ["partial", "3/5"]
+    # And the partial cell resumes: only the two missing shards run.
+    [rep] = Runner(store, progress=False).run(half, None)
+    assert rep.state == "done" and rep.shards_run == 2 and rep.rows == 60

@@ -247,18 +247,23 @@ def start_seaweedfs(
     timeout: float = 60,
     region: str = DEFAULT_REGION,
     die_with_parent: bool = True,
+    prefer_ports: dict[str, int] | None = None,
 ) -> S3Server:
     """Start `weed server -s3` on 127.0.0.1 with its data under `data_dir`.
 
-    Returns once the S3 gateway has answered a correctly signed request AND rejected a
-    wrongly signed one, so callers never race the server's start-up or its loading of the
-    identities file. On failure or timeout the process is killed and the tail of its log
+    Returns once the volume server has registered (with every volume already on disk, when
+    restarting on an old directory) and the S3 gateway has answered a correctly signed
+    request AND rejected a wrongly signed one, so callers never race the server's start-up,
+    its loading of the identities file, or a read of data written before a restart. On failure or timeout the process is killed and the tail of its log
     is in the exception.
 
     port: the S3 port (its gRPC twin port+10000 must be free too); other ports are picked.
     die_with_parent: the kernel kills weed when this process (more precisely, the thread
         that started it) dies, so a crashed pytest leaves no server behind. The CLI passes
         False so the server outlives `devstore start`.
+    prefer_ports: the ports of a previous run on this directory, used again when all are
+        free. The master keeps its raft state in `weed/m<port>/`, so the same master port
+        means the same topology rather than a fresh one the volumes must re-join.
     """
     weed = find_weed()
     data_dir = Path(data_dir).absolute()
@@ -282,7 +287,9 @@ def start_seaweedfs(
     with os.fdopen(fd, "w") as f:
         json.dump(ident, f, indent=2)
 
-    ports = _pick_ports(s3_port=port)
+    # Volumes already on disk (a restart): readiness waits until the master knows them all.
+    volumes_on_disk = len(list(store_dir.glob("*.dat")))
+    ports = _pick_ports(s3_port=port, prefer=prefer_ports)
     log_path = data_dir / "weed.log"
     cmd = [weed, "-logtostderr", "server", *_server_flags(store_dir, identities, ports, data_dir)]
 
@@ -318,7 +325,7 @@ def start_seaweedfs(
         _proc=proc,
     )
     try:
-        _wait_ready(srv, proc, timeout)
+        _wait_ready(srv, proc, timeout, volumes_on_disk)
     except BaseException as e:
         srv.stop(grace=0.5)
         if isinstance(e, DevStoreError):
@@ -374,8 +381,9 @@ def _server_flags(store_dir: Path, identities: Path, ports: dict[str, int], data
     return flags
 
 
-def _wait_ready(srv: S3Server, proc: subprocess.Popen, timeout: float) -> None:
-    """Wait for the filer, then for S3 to accept our signature and reject a wrong one."""
+def _wait_ready(srv: S3Server, proc: subprocess.Popen, timeout: float, volumes: int) -> None:
+    """Wait for the filer, the volume server's registration, then for S3 to accept our
+    signature and reject a wrong one."""
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -400,8 +408,20 @@ def _wait_ready(srv: S3Server, proc: subprocess.Popen, timeout: float) -> None:
         if stage == "filer":
             # The S3 gateway only starts once the filer is up; no point polling S3 earlier.
             if _tcp_open(srv.ports["filer"]):
-                stage = "s3"
+                stage = "volume server"
                 continue
+        elif stage == "volume server":
+            # S3 answers as soon as the filer is up, but until the volume server's first
+            # heartbeat reaches the master, reads of existing objects fail with InternalError
+            # ("volume N not found") and writes cannot allocate a volume.
+            try:
+                registered = _registered_volumes(srv.ports["master"], srv.ports["volume"])
+                if registered is not None and registered >= volumes:
+                    stage = "s3"
+                    continue
+                last_err = f"master knows {registered} of {volumes} volumes"
+            except (OSError, ValueError) as e:
+                last_err = repr(e)
         elif stage == "s3":
             try:
                 good.list_buckets()
@@ -420,6 +440,20 @@ def _wait_ready(srv: S3Server, proc: subprocess.Popen, timeout: float) -> None:
         time.sleep(0.2)
 
 
+def _registered_volumes(master_port: int, volume_port: int) -> int | None:
+    """Volumes the master has from our volume server (None: the server has not registered)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{master_port}/dir/status", timeout=2) as r:
+        topo = json.load(r).get("Topology") or {}
+    for dc in topo.get("DataCenters") or []:
+        for rack in dc.get("Racks") or []:
+            for node in rack.get("DataNodes") or []:
+                if node.get("Url") == f"127.0.0.1:{volume_port}":
+                    return int(node.get("Volumes", 0))
+    return None
+
+
 # -- ports, processes, sockets ----------------------------------------------------------
 
 
@@ -433,8 +467,11 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _pick_ports(s3_port: int | None = None) -> dict[str, int]:
+def _pick_ports(s3_port: int | None = None, prefer: dict[str, int] | None = None) -> dict[str, int]:
     """Four http ports whose +10000 gRPC twins are free too (see _PORT_LO)."""
+    if prefer and set(prefer) == set(_COMPONENTS) and (s3_port is None or prefer["s3"] == s3_port):
+        if all(_port_free(p) and _port_free(p + _GRPC_OFFSET) for p in prefer.values()):
+            return {c: prefer[c] for c in _COMPONENTS}
     chosen: dict[str, int] = {}
     if s3_port is not None:
         for p in (s3_port, s3_port + _GRPC_OFFSET):
@@ -518,23 +555,20 @@ def _wait_gone(pid: int, data_dir: Path, timeout: float) -> bool:
 
 
 def _remove_stale_sockets(ports: dict[str, int], data_dir: Path) -> None:
-    """weed leaves /tmp/seaweedfs-<kind>-grpc-<port>.sock behind when killed; remove ours."""
+    """weed leaves /tmp/seaweedfs-<kind>-grpc-<port>.sock behind when killed; remove ours.
+
+    Called only once our weed has exited, so the files named after our ports are ours. We do
+    not probe them with connect(): under gVisor (runsc) an exited process that its parent has
+    not reaped yet still accepts connections on its unix sockets.
+    """
     paths = [Path(data_dir) / "filer.sock", Path(data_dir) / "s3.sock"]
     for kind, p in ports.items():
         paths.append(Path(f"/tmp/seaweedfs-{kind}-grpc-{p + _GRPC_OFFSET}.sock"))
         paths.append(Path(f"/tmp/seaweedfs-{kind}-{p}.sock"))
     for path in paths:
-        if not path.is_socket():
-            continue
-        with socket.socket(socket.AF_UNIX) as s:  # only if nobody listens on it any more
-            s.settimeout(0.2)
-            try:
-                s.connect(str(path))
-                continue
-            except OSError:
-                pass
-        with contextlib.suppress(OSError):
-            path.unlink()
+        if path.is_socket():
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -592,6 +626,7 @@ def _cmd_start(a: argparse.Namespace) -> int:
         timeout=a.timeout,
         region=a.region,
         die_with_parent=False,
+        prefer_ports=old.ports if old else None,
     )
     srv._proc = None  # we exit now; the server lives on in its own session
     _save(srv)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import os
+import re
 import socket
 import subprocess
 import time
@@ -73,6 +74,26 @@ def fingerprint(rids: Iterable[str]) -> str:
         acc ^= xxhash.xxh64_intdigest(str(r).encode(), seed=1)
         n += 1
     return f"{n}:{acc:016x}"
+
+
+def describe_error(e: BaseException) -> str:
+    """One readable line for an exception, digging the user's error out of Ray's wrappers."""
+    chain, seen = [], set()
+    while isinstance(e, BaseException) and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = getattr(e, "cause", None) or e.__cause__
+    pattern = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failed)):\s")
+    wrappers = ("UserCodeException", "RayTaskError", "RaySystemError")
+    for exc in chain:  # Ray puts the worker's traceback, ending in the real error, in str()
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        found = [l.strip() for l in text.splitlines()
+                 if (m := pattern.match(l.strip()))
+                 and not m.group(1).rsplit(".", 1)[-1].startswith(wrappers)]
+        if found:
+            return found[-1]
+    first = re.sub(r"\x1b\[[0-9;]*m", "", str(chain[0])).strip().splitlines() or [""]
+    return f"{type(chain[0]).__name__}: {first[0]}"
 
 
 def code_version() -> str:
@@ -235,11 +256,12 @@ class Runner:
         return ordered
 
     def _fail(self, stage: Stage, cell: Cell, e: BaseException, reports: dict) -> None:
+        message = describe_error(e)
         self.store.write_json(f"{cell.dir}/_failed.json", {
-            "run_id": self.run_id, "at": now(), "error": f"{type(e).__name__}: {e}",
+            "run_id": self.run_id, "at": now(), "error": message,
             "traceback": "".join(traceback.format_exception(e))})
-        self.log(f"[{stage.name}] {cell.id}: FAILED: {type(e).__name__}: {e}")
-        reports[cell.id] = CellReport(cell, "failed", message=str(e))
+        self.log(f"[{stage.name}] {cell.id}: FAILED: {message}")
+        reports[cell.id] = CellReport(cell, "failed", message=message)
 
     # ---- steps ---------------------------------------------------------------------
     def _prepare(self, stage: Stage, cells: list[Cell], cfg: XlingConfig,

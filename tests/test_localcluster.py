@@ -1,0 +1,93 @@
+"""A real two-node Ray cluster on this machine: `ray start` x2, `ray status`, `ray job submit`."""
+from __future__ import annotations
+
+import subprocess
+import textwrap
+import urllib.error
+import urllib.request
+
+import pytest
+
+from xling.jobs.localcluster import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, ray_bin, start_local_cluster
+
+pytestmark = pytest.mark.slow
+
+JOB = textwrap.dedent(
+    f"""
+    import ray
+
+    ray.init()  # RAY_ADDRESS comes from the job supervisor
+
+    @ray.remote(num_cpus=0)
+    def where():
+        return ray.get_runtime_context().get_node_id()
+
+    # Pinned by the custom resources each node was started with...
+    on_head = ray.get(where.options(resources={{"{HEAD_RESOURCE}": 0.01}}).remote())
+    on_worker = ray.get(where.options(resources={{"{WORKER_RESOURCE}": 0.01}}).remote())
+    # ...and spread by the scheduler: one CPU per node, so 4 one-CPU tasks use both.
+    spread = set(ray.get([where.options(num_cpus=1, scheduling_strategy="SPREAD").remote()
+                          for _ in range(4)]))
+    print("NODES", len(ray.nodes()))
+    print("ON_HEAD", on_head)
+    print("ON_WORKER", on_worker)
+    print("SPREAD", " ".join(sorted(spread)))
+    """
+)
+
+
+def _line(out: str, tag: str) -> list[str]:
+    for line in out.splitlines():
+        if line.startswith(tag + " "):
+            return line.split()[1:]
+    raise AssertionError(f"no {tag} line in job output:\n{out[-3000:]}")
+
+
+def _listening_addresses(cluster: LocalCluster) -> set[str]:
+    import psutil
+
+    pids = {p.pid for p in cluster.processes()}
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.AccessDenied, NotImplementedError):
+        pytest.skip("cannot list sockets here")
+    return {c.laddr.ip for c in conns if c.pid in pids and c.status == psutil.CONN_LISTEN}
+
+
+def test_two_nodes_job_submit_and_clean_stop(tmp_path):
+    cluster = start_local_cluster(num_workers=1, cpus_per_node=1, tmp_root=tmp_path / "cluster")
+    try:
+        node_ids = cluster.alive_node_ids()
+        assert len(node_ids) == 2
+
+        status = subprocess.run([ray_bin(), "status", "--address", cluster.address], env=cluster.client_env(),
+                                capture_output=True, text=True, timeout=120)
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert sum(f"node_{n}" in status.stdout for n in node_ids) == 2, status.stdout
+        assert "2.0 CPU" in status.stdout and WORKER_RESOURCE in status.stdout
+
+        # Loopback only, and the dashboard API wants this cluster's token.
+        assert _listening_addresses(cluster) <= {"127.0.0.1", "::ffff:127.0.0.1"}
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{cluster.dashboard_url}/api/v0/nodes", timeout=10)
+        assert e.value.code in (401, 403)
+
+        job_dir = tmp_path / "job"
+        job_dir.mkdir()
+        (job_dir / "where.py").write_text(JOB)
+        res = subprocess.run(
+            [ray_bin(), "job", "submit", "--address", cluster.dashboard_url, "--working-dir", str(job_dir),
+             "--", "python", "where.py"],
+            env=cluster.client_env(), capture_output=True, text=True, timeout=300)
+        out = res.stdout + res.stderr
+        assert res.returncode == 0, out[-3000:]
+        assert _line(out, "NODES") == ["2"]
+        on_head, on_worker = _line(out, "ON_HEAD")[0], _line(out, "ON_WORKER")[0]
+        assert {on_head, on_worker} == set(node_ids)
+        assert set(_line(out, "SPREAD")) == set(node_ids)
+    finally:
+        stopped = cluster.stop()
+    assert stopped > 0
+    assert cluster.processes() == []
+    leftovers = subprocess.run(["pgrep", "-af", str(cluster.nodes[0].temp_dir)], capture_output=True, text=True)
+    assert leftovers.stdout == ""
