@@ -31,3 +31,27 @@ def s3_env(monkeypatch, s3_server) -> dict[str, str]:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> dict:
+    """The tiny same-architecture models (built once; `make test` builds them first)."""
+    from xling.jobs.tiny_models import build_tiny_models
+
+    return {k: str(v) for k, v in build_tiny_models(progress=False).items()}
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the in-process tests; workers can import the test modules."""
+    import os
+
+    import ray
+    import ray.data
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
+             runtime_env={"env_vars": {"PYTHONPATH": here}})
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
+from pathlib import Path
 import urllib.error
 import urllib.request
 
@@ -11,6 +12,8 @@ import pytest
 from xling.jobs.localcluster import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, ray_bin, start_local_cluster
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
 
 JOB = textwrap.dedent(
     f"""
@@ -67,7 +70,8 @@ def test_two_nodes_job_submit_and_clean_stop(tmp_path):
         assert "2.0 CPU" in status.stdout and WORKER_RESOURCE in status.stdout
 
         # Loopback only, and the dashboard API wants this cluster's token.
-        assert _listening_addresses(cluster) <= {"127.0.0.1", "::ffff:127.0.0.1"}
+        addresses = _listening_addresses(cluster)
+        assert addresses and addresses <= {"127.0.0.1", "::ffff:127.0.0.1"}
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"{cluster.dashboard_url}/api/v0/nodes", timeout=10)
         assert e.value.code in (401, 403)
@@ -76,7 +80,10 @@ def test_two_nodes_job_submit_and_clean_stop(tmp_path):
         job_dir.mkdir()
         (job_dir / "where.py").write_text(JOB)
         res = subprocess.run(
-            [ray_bin(), "job", "submit", "--address", cluster.dashboard_url, "--working-dir", str(job_dir),
+            # The repository's runtime_env file, as on a real cluster; --working-dir wins over
+            # its working_dir, so this also checks the file is one Ray accepts.
+            [ray_bin(), "job", "submit", "--address", cluster.dashboard_url,
+             "--runtime-env", str(ROOT / "cluster" / "runtime_env.yaml"), "--working-dir", str(job_dir),
              "--", "python", "where.py"],
             env=cluster.client_env(), capture_output=True, text=True, timeout=300)
         out = res.stdout + res.stderr

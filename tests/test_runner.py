@@ -110,22 +110,6 @@ def test_duplicate_ids_and_shard_count_change_are_refused(ray_local, tmp_path):
         Runner(store, progress=False).run(EchoStage(ROWS, n_shards=4, tag="n"), None)
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import os
-
-    import ray
-
-    # Workers import this module's stage functions by name.
-    here = os.path.dirname(__file__)
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
-             runtime_env={"env_vars": {"PYTHONPATH": here}})
-    import ray.data
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
-
 
 def test_xling_status_shows_done_partial_failed(ray_local, tmp_path):
     import subprocess

@@ -117,6 +117,11 @@ def run_stages(cfg: XlingConfig, stages: list[str], args) -> int:
                       f"shards committed); would run {c['todo']}\n    out: {c['dir']}\n    in:  "
                       + "\n         ".join(c["inputs"]))
         return 0
+    # Everything that can be checked without Ray is checked before Ray starts: inputs,
+    # models, languages (cells), then the run store.
+    for name in stages:
+        if name != "report":
+            registry[name]().cells(cfg)
     store.check()
     if any(s != "report" for s in stages):
         init_ray(cfg, args.address)

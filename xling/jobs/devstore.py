@@ -194,11 +194,14 @@ class S3Server:
     def stop(self, grace: float = 3.0) -> None:
         """Stop the server: SIGTERM, then SIGKILL after `grace` seconds. Idempotent.
 
-        A graceful SeaweedFS shutdown takes ~16 s (the filer waits 15 s for its gRPC
-        streams, the S3 gateway's own subscription among them, before forcing them closed).
-        Nothing is lost by cutting that short: volume needles and the filer's LevelDB
-        journal are written with write(2) before a request is acknowledged, so SIGKILL
-        leaves a consistent store (the CLI test restarts on the same directory to prove it).
+        A graceful SeaweedFS shutdown takes ~16 s: the filer waits 15 s for its gRPC
+        streams (the S3 gateway's own metadata subscription among them) before forcing
+        them closed, and only then do the volume server and master stop. We do not wait
+        for that. An acknowledged upload is already in the volume's .dat/.idx files and the
+        filer's LevelDB journal (written, not fsynced), which survive the process; only a
+        machine crash could lose it, acceptable for a dev/test store. Observed: the CLI
+        test stops a server this way, restarts it on the same directory and reads back
+        what was written before.
         """
         if self._proc is not None:
             if self._proc.poll() is None:

@@ -59,7 +59,6 @@ import random
 import secrets
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -81,8 +80,9 @@ HEAD_RESOURCE, WORKER_RESOURCE = "xling-head", "xling-worker"
 _PORT_LO, _PORT_HI = 23000, 29999
 _WORKER_PORTS = 100  # per node: every worker process, actor and driver binds one
 
-# Ray puts sockets at <temp_dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store,
-# and AF_UNIX paths stop at 107 bytes: keep each node's temp dir at 40 characters or less.
+# Ray puts sockets at <temp_dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store
+# (~64 characters after temp_dir) and AF_UNIX paths stop at 107 bytes: keep each node's
+# temp dir (<root>/head, <root>/w1, ...) at 40 characters or less.
 _MAX_TEMP_DIR = 40
 
 _HEAD_PORTS = ("port", "node-manager-port", "object-manager-port", "ray-client-server-port",
@@ -234,7 +234,7 @@ def start_local_cluster(
 
     short_root = None
     base = tmp_root
-    if len(str(tmp_root / "worker99")) > _MAX_TEMP_DIR:
+    if len(str(tmp_root / "head")) > _MAX_TEMP_DIR:
         short_root = tempfile.mkdtemp(prefix="xlrc-", dir="/tmp")
         base = Path(short_root)
         with contextlib.suppress(OSError):  # a pointer for humans looking for the logs
@@ -292,7 +292,7 @@ def start_local_cluster(
                 "start",
                 "--address", cluster.address,
                 "--node-ip-address", "127.0.0.1",
-                "--temp-dir", str(base / name),
+                "--temp-dir", str(base / f"w{i}"),
                 "--num-cpus", str(cpus_per_node),
                 "--num-gpus", "0",
                 "--resources", json.dumps({WORKER_RESOURCE: 1}),
@@ -302,7 +302,7 @@ def start_local_cluster(
             # See the module docstring: in loopback mode a worker node needs the shim.
             cmd = ([sys.executable, "-m", "xling.jobs.localcluster", "ray-start", *args] if loopback
                    else [ray_bin(), *args])
-            cluster.nodes.append(_ray_start(name, cmd, base / name, ports, tmp_root, env, timeout))
+            cluster.nodes.append(_ray_start(name, cmd, base / f"w{i}", ports, tmp_root, env, timeout))
             cluster.save()
         _wait_nodes(cluster, num_workers + 1, timeout)
     except BaseException:
