@@ -156,12 +156,19 @@ def test_no_server_fails_fast():
 
 @pytest.fixture
 def local_ray(monkeypatch):
-    """The lead's `ray.init(num_cpus=2, include_dashboard=False)`, kept on 127.0.0.1."""
+    """`ray.init(num_cpus=2, include_dashboard=False)` on 127.0.0.1, shut down afterwards.
+
+    If a Ray is already up in this process (the session-wide `ray_local` of conftest.py,
+    when a test using it ran first), use that one and leave it running.
+    """
     import ray
     import ray._private.ray_constants as ray_constants
 
     from xling.jobs.localcluster import loopback_env
 
+    if ray.is_initialized():
+        yield ray
+        return
     for k in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         monkeypatch.delenv(k, raising=False)
     for k, v in loopback_env().items():

@@ -28,9 +28,17 @@ JOB = textwrap.dedent(
     # Pinned by the custom resources each node was started with...
     on_head = ray.get(where.options(resources={{"{HEAD_RESOURCE}": 0.01}}).remote())
     on_worker = ray.get(where.options(resources={{"{WORKER_RESOURCE}": 0.01}}).remote())
-    # ...and spread by the scheduler: one CPU per node, so 4 one-CPU tasks use both.
-    spread = set(ray.get([where.options(num_cpus=1, scheduling_strategy="SPREAD").remote()
-                          for _ in range(4)]))
+    # ...and by a STRICT_SPREAD placement group: one bundle per node, whatever the load
+    # (a plain SPREAD strategy is best effort and may pack short tasks on one node).
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{{"CPU": 1}}, {{"CPU": 1}}], strategy="STRICT_SPREAD")
+    ray.get(pg.ready(), timeout=120)
+    spread = set(ray.get([
+        where.options(num_cpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            pg, placement_group_bundle_index=i)).remote()
+        for i in range(2)]))
     print("NODES", len(ray.nodes()))
     print("ON_HEAD", on_head)
     print("ON_WORKER", on_worker)

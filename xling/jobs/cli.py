@@ -96,8 +96,11 @@ def init_ray(cfg: XlingConfig, address: str | None) -> None:
         ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
     import ray.data
 
-    # One bar per cell from the runner is clearer than Ray Data's per-operator bars.
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    # One bar per stage from the runner is clearer than Ray Data's per-operator bars.
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
 def run_stages(cfg: XlingConfig, stages: list[str], args) -> int:

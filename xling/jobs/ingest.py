@@ -76,8 +76,12 @@ class IngestStage(Stage):
         return ds.map_batches(parse, batch_format="pyarrow")
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
+        import ray.data
+
         p = cfg.ingest.parallel
         return ds.map_batches(DocumentStats, fn_constructor_kwargs={
                                   "tokenizer_path": resolve_model(cfg.ingest.tokenizer)},
                               batch_format="pyarrow", batch_size=p.batch_size,
-                              concurrency=p.concurrency, num_cpus=p.num_cpus, num_gpus=p.num_gpus)
+                              compute=ray.data.ActorPoolStrategy(min_size=p.concurrency[0],
+                                                                 max_size=p.concurrency[1]),
+                              num_cpus=p.num_cpus, num_gpus=p.num_gpus)
