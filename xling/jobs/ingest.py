@@ -17,6 +17,7 @@ import pyarrow as pa
 from xling.actors.doc_stats import DocumentStats
 from xling.jobs.config import ConfigError, CorpusSpec, XlingConfig, hashable
 from xling.jobs.models import resolve_model
+from xling.jobs.pools import actor_pool
 from xling.jobs.runner import RID, Cell, Stage
 from xling.tasks.corpora import parse_document_line
 
@@ -76,12 +77,9 @@ class IngestStage(Stage):
         return ds.map_batches(parse, batch_format="pyarrow")
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
-        import ray.data
-
         p = cfg.ingest.parallel
         return ds.map_batches(DocumentStats, fn_constructor_kwargs={
                                   "tokenizer_path": resolve_model(cfg.ingest.tokenizer)},
                               batch_format="pyarrow", batch_size=p.batch_size,
-                              compute=ray.data.ActorPoolStrategy(min_size=p.concurrency[0],
-                                                                 max_size=p.concurrency[1]),
+                              compute=actor_pool(p, key="ingest.parallel"),
                               num_cpus=p.num_cpus, num_gpus=p.num_gpus)

@@ -1,0 +1,35 @@
+"""Sizing actor pools for `map_batches` from a config's `parallel:` section.
+
+The operators around an actor pool (reading, writing) need CPUs too; a pool whose *minimum*
+size takes every CPU never gets its input and, in Ray 2.60, the pipeline waits forever
+without an error (seen here with concurrency=(2, 2) on a 2-CPU machine). We check the minimum against the cluster before
+starting, lower it to what can start (the maximum still lets the pool grow), and say so.
+"""
+
+from __future__ import annotations
+
+import math
+
+from xling.jobs.config import Parallelism
+
+
+def actor_pool(p: Parallelism, *, key: str, log=print):
+    """`compute=` for map_batches: an ActorPoolStrategy whose minimum can actually start."""
+    import ray
+    import ray.data
+
+    lo, hi = p.concurrency
+    total = ray.cluster_resources()
+    limits = []
+    if p.num_cpus:
+        limits.append(math.floor((total.get("CPU", 0) - 1) / p.num_cpus))  # one CPU for reads
+    if p.num_gpus:
+        limits.append(math.floor(total.get("GPU", 0) / p.num_gpus))
+    fits = max(1, min(limits)) if limits else lo
+    if lo > fits:
+        log(f"[{key}] concurrency min {lo} x (num_cpus={p.num_cpus}, num_gpus={p.num_gpus}) does "
+            f"not fit beside the pipeline's other tasks on this cluster ({total.get('CPU', 0):g} CPUs, "
+            f"{total.get('GPU', 0):g} GPUs); starting "
+            f"with {fits} actor(s), growing to {hi} when resources free up")
+        lo = fits
+    return ray.data.ActorPoolStrategy(min_size=lo, max_size=max(lo, hi))
