@@ -460,7 +460,7 @@ def _registered_volumes(master_port: int, volume_port: int) -> int | None:
 # -- ports, processes, sockets ----------------------------------------------------------
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     # Binding 127.0.0.1:p also fails when someone holds 0.0.0.0:p or a dual-stack [::]:p.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
@@ -473,12 +473,12 @@ def _port_free(port: int) -> bool:
 def _pick_ports(s3_port: int | None = None, prefer: dict[str, int] | None = None) -> dict[str, int]:
     """Four http ports whose +10000 gRPC twins are free too (see _PORT_LO)."""
     if prefer and set(prefer) == set(_COMPONENTS) and (s3_port is None or prefer["s3"] == s3_port):
-        if all(_port_free(p) and _port_free(p + _GRPC_OFFSET) for p in prefer.values()):
+        if all(port_free(p) and port_free(p + _GRPC_OFFSET) for p in prefer.values()):
             return {c: prefer[c] for c in _COMPONENTS}
     chosen: dict[str, int] = {}
     if s3_port is not None:
         for p in (s3_port, s3_port + _GRPC_OFFSET):
-            if not (0 < p < 65536) or not _port_free(p):
+            if not (0 < p < 65536) or not port_free(p):
                 raise DevStoreError(
                     f"port {p} is not free (SeaweedFS needs --port {s3_port} and its gRPC port "
                     f"{s3_port + _GRPC_OFFSET})"
@@ -493,7 +493,7 @@ def _pick_ports(s3_port: int | None = None, prefer: dict[str, int] | None = None
             break
         if {p, p + _GRPC_OFFSET} & taken:
             continue
-        if _port_free(p) and _port_free(p + _GRPC_OFFSET):
+        if port_free(p) and port_free(p + _GRPC_OFFSET):
             name = next(c for c in _COMPONENTS if c not in chosen)
             chosen[name] = p
             taken |= {p, p + _GRPC_OFFSET}

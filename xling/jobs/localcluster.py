@@ -68,6 +68,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xling.jobs.devstore import port_free
+
 __all__ = ["LocalCluster", "LocalClusterError", "loopback_env", "pin_ray_to_loopback", "start_local_cluster", "main"]
 
 MARKER = "XLING_LOCAL_CLUSTER"
@@ -247,7 +249,7 @@ def start_local_cluster(
     picker = _PortPicker()
     if dashboard_port is None:
         dashboard_port = picker.one()
-    elif not _port_free(dashboard_port):
+    elif not port_free(dashboard_port):
         raise LocalClusterError(f"dashboard port {dashboard_port} is in use (another Ray?); pick another")
     else:
         picker.taken.add(dashboard_port)
@@ -377,15 +379,6 @@ def _wait_nodes(cluster: LocalCluster, n: int, timeout: float) -> None:
 # -- ports ------------------------------------------------------------------------------
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 class _PortPicker:
     def __init__(self) -> None:
         self.taken: set[int] = set()
@@ -396,7 +389,7 @@ class _PortPicker:
         for _ in range(200):
             lo = self.rng.randrange(_PORT_LO, _PORT_HI - n)
             rng = range(lo, lo + n)
-            if not self.taken.intersection(rng) and all(_port_free(p) for p in rng):
+            if not self.taken.intersection(rng) and all(port_free(p) for p in rng):
                 self.taken.update(rng)
                 return lo
         raise LocalClusterError(f"no {n} consecutive free ports in {_PORT_LO}-{_PORT_HI}")
