@@ -64,7 +64,8 @@ def _measure(batch, tok, segment) -> int:
     return len(batch)
 
 
-def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int) -> tuple[float, float]:
+def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int,
+                batch_size: int) -> tuple[float, float]:
     import ray
     import ray.data
 
@@ -79,7 +80,7 @@ def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int) -
     run_root = tempfile.mkdtemp(prefix="xling-bench-")
     cfg = validate_config({"name": "bench", "run_root": run_root, "ingest": {
         "tokenizer": tokenizer_dir, "shards": shards,
-        "parallel": {"concurrency": [concurrency, concurrency], "batch_size": 64},
+        "parallel": {"concurrency": [concurrency, concurrency], "batch_size": batch_size},
         "corpora": [{"name": "bench", "format": "mrtydi", "path": str(path), "langs": ["en"]}]}})
     t0 = time.perf_counter()
     [rep] = Runner(RunStore(run_root), progress=False, log=lambda *_: None).run(IngestStage(), cfg)
@@ -93,6 +94,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=20000)
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=2, help="DocumentStats actors")
+    ap.add_argument("--batch-size", type=int, default=512)
     args = ap.parse_args()
     from xling.jobs.tiny_models import build_tiny_models
 
@@ -101,7 +103,7 @@ def main() -> None:
         path = Path(d) / "docs.jsonl"
         make_corpus(path, args.docs)
         b = bare(path, tok)
-        x, wall = xling_stage(path, tok, args.shards, args.concurrency)
+        x, wall = xling_stage(path, tok, args.shards, args.concurrency, args.batch_size)
     print(f"documents            {args.docs}")
     print(f"bare engine          {b:10.1f} docs/s  (1 process)")
     print(f"xling ingest stage   {x:10.1f} docs/s  ({args.concurrency} actors, {args.shards} shards, "
