@@ -1,6 +1,7 @@
 """Config loading: typed validation, dotted overrides, stable hashes, actionable errors."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,12 @@ def test_hash_ignores_operational_fields_and_key_order(tmp_path):
     assert stable_hash({"x": 1, "y": [1, 2]}) == stable_hash({"y": [1, 2], "x": 1})
     # Pinned: a hash must not drift between versions of Python or of this code.
     assert stable_hash({"stage": "ingest", "key": {"lang": "fi"}}) == "962928ac"  # sha256 of {"key":{"lang":"fi"},"stage":"ingest"}
+
+
+def test_adding_a_language_keeps_existing_cell_ids(tmp_path, monkeypatch):
+    from xling.jobs.ingest import IngestStage
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the config's paths are relative
+    a = {c.id for c in IngestStage().cells(load_config(write(tmp_path)))}
+    b = {c.id for c in IngestStage().cells(load_config(write(tmp_path), ["ingest.corpora.0.langs=[fi,sw,ar]"]))}
+    assert a < b and len(b - a) == 1

@@ -60,7 +60,10 @@ class IngestStage(Stage):
         for i, spec in enumerate(ic.corpora):
             for lang in spec.langs:
                 files = corpus_files(spec, lang, f"ingest.corpora[{i}]")
-                params = {"corpus": hashable(spec), "lang": lang, "tokenizer": ic.tokenizer}
+                # The other languages of the corpus are not this cell's business: adding one
+                # to `langs` must not invalidate the cells already done.
+                corpus = {k: v for k, v in hashable(spec).items() if k != "langs"}
+                params = {"corpus": corpus, "lang": lang, "tokenizer": ic.tokenizer}
                 cells.append(Cell("ingest", {"corpus": spec.name, "lang": lang}, params,
                                   inputs=files, n_shards=ic.shards))
         return cells
