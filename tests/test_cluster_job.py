@@ -35,7 +35,7 @@ def test_ray_job_submit_runs_on_both_nodes(tmp_path, tiny_models):
                "--", "xling", "ingest", "--config", "configs/demo.yaml", "--no-progress",
                f"run_root={run_root}", f"ingest.tokenizer={tiny_models['nllb_hf']}",
                "ingest.corpora.0.langs=[fi,sw,ru]", "ingest.parallel.concurrency=[2,2]",
-               "ingest.parallel.num_cpus=2"]
+               "ingest.parallel.num_cpus=2", "ingest.parallel.batch_size=1"]
         res = subprocess.run(cmd, env=cluster.client_env(), capture_output=True, text=True,
                              timeout=600)
         assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
@@ -46,12 +46,19 @@ def test_ray_job_submit_runs_on_both_nodes(tmp_path, tiny_models):
         assert sorted(m["key"]["lang"] for m in rows) == ["fi", "ru", "ru", "sw"]
         assert all(m["errors"] == 0 and m["rows"] > 0 for m in rows)
 
-        url = f"{cluster.dashboard_url}/api/v0/actors?limit=1000&detail=true"
-        req = urllib.request.Request(url, headers=cluster.http_headers())
-        with urllib.request.urlopen(req, timeout=30) as r:
-            actors = json.load(r)["data"]["result"]["result"]
-        nodes = {a["node_id"] for a in actors if "DocumentStats" in a.get("class_name", "")}
-        assert len(cluster.alive_node_ids()) == 2
-        assert nodes == set(cluster.alive_node_ids()), actors
+        def state(kind):
+            url = f"{cluster.dashboard_url}/api/v0/{kind}?limit=10000&detail=true"
+            req = urllib.request.Request(url, headers=cluster.http_headers())
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.load(r)["data"]["result"]["result"]
+
+        both = set(cluster.alive_node_ids())
+        assert len(both) == 2
+        actors = [a for a in state("actors") if "DocumentStats" in a.get("class_name", "")]
+        assert {a["node_id"] for a in actors} == both, actors
+        # And each of them did work: finished DocumentStats batches ran on both nodes.
+        calls = [t for t in state("tasks") if "DocumentStats" in (t.get("name") or "")
+                 and t.get("state") == "FINISHED" and t.get("type") == "ACTOR_TASK"]
+        assert {t["node_id"] for t in calls} == both, calls
     finally:
         cluster.stop()
