@@ -18,6 +18,9 @@ import pyarrow as pa
 
 class DocumentStats:
     def __init__(self, tokenizer_path: str):
+        from sentencex import segment
+
+        self._segment = segment
         # Loaded once per actor for the life of the pool. The Rust `tokenizers` file that NLLB
         # checkpoints ship loads in milliseconds; importing transformers costs ~10 s per actor.
         path = os.path.join(tokenizer_path, "tokenizer.json")
@@ -34,12 +37,10 @@ class DocumentStats:
             self.encode = lambda texts: hf(texts, add_special_tokens=False)["input_ids"]
 
     def segments(self, text: str, lang: str) -> list[str]:
-        from sentencex import segment
-
         out = []
         # Paragraph breaks are kept as boundaries: sentencex works within a paragraph.
         for para in text.split("\n"):
-            out += [s.strip() for s in segment(lang, para) if s.strip()]
+            out += [s.strip() for s in self._segment(lang, para) if s.strip()]
         return out
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -104,7 +104,7 @@ def init_ray(cfg: XlingConfig, address: str | None) -> None:
 
 
 def run_stages(cfg: XlingConfig, stages: list[str], args) -> int:
-    from xling.jobs.report import status_table, write_report
+    from xling.jobs.report import write_report
     from xling.jobs.runner import Runner
 
     store = RunStore(cfg.run_root)

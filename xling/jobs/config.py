@@ -94,9 +94,6 @@ class RayConfig(Strict):
     num_cpus: int | None = NoHash(None, ge=1, description="local mode only")
 
 
-STAGES = ("ingest", "report")
-
-
 class XlingConfig(Strict):
     """The whole experiment. One file per study; sweeps override fields from the CLI."""
 
@@ -288,6 +285,3 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
             return found
     return None
 
-
-def config_summary(cfg: XlingConfig) -> dict:
-    return cfg.model_dump(mode="json")

@@ -59,7 +59,6 @@ import random
 import secrets
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile

@@ -26,7 +26,7 @@ def status_table(rows: list[dict]) -> str:
 def write_report(store: RunStore) -> str:
     rows = [r for r in run_status(store) if r["stage"] != "report"]
     done = [r for r in rows if r["state"] == "done"]
-    lines = [f"# xling run report", "", f"run root: {store.url()}", f"written: {now()}", "",
+    lines = ["# xling run report", "", f"run root: {store.url()}", f"written: {now()}", "",
              f"{len(done)} of {len(rows)} cells done, "
              f"{sum(r['rows'] for r in done)} rows, {sum(r['errors'] for r in done)} error rows.",
              "", "```", status_table(rows), "```", "", "## Where", ""]

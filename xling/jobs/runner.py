@@ -21,8 +21,8 @@ Why not Ray Data's `DataContext.checkpoint_config`: it checkpoints by row id ins
 Data pipeline and resumes that pipeline, but it cannot express our unit of commitment (a
 shard whose rows were all produced, with a manifest that other stages and `xling status`
 read), and it offers no place for input fingerprints or per-shard counts. The runner keeps
-one streaming pipeline per cell (one actor pool per model, loaded once) and commits shards as
-they stream out of it in order.
+one streaming pipeline per stage group, shared by its cells (one actor pool per model,
+loaded once), and commits shards as they stream out of it in order.
 """
 
 from __future__ import annotations
@@ -299,12 +299,6 @@ class Runner:
                 fresh.append(cell)
         if fresh:
             out.update(self._partition(stage, fresh, cfg, reports))
-        for cell in cells:
-            if cell.id in out and cell.id not in reports:
-                done = len(self._committed(cell))
-                self.log(f"[{stage.name}] {cell.id}: {out[cell.id]['rows']} input rows, "
-                         f"{cell.n_shards} shards, {done} already committed, "
-                         f"{cell.n_shards - done} to run")
         return out
 
     def _write_plan(self, cell: Cell) -> None:
@@ -323,8 +317,6 @@ class Runner:
     def _partition(self, stage: Stage, cells: list[Cell], cfg: XlingConfig,
                    reports: dict) -> dict[str, dict]:
         """Split the inputs of several cells into shard files, in one Ray Data pipeline."""
-        import ray.data
-
         parts = [stage.read(cell, cfg).map_batches(functools.partial(_tag_cell, index=i),
                                                    batch_format="pyarrow")
                  for i, cell in enumerate(cells)]
@@ -365,14 +357,6 @@ class Runner:
             out[cell.id] = info
         return out
 
-    def _committed(self, cell: Cell) -> dict[int, dict]:
-        out = {}
-        for rel in self.store.list(f"{cell.dir}/_shards"):
-            if rel.endswith(".json"):
-                marker = self.store.read_json(rel)
-                out[int(marker["shard"])] = marker
-        return out
-
     def _process(self, stage: Stage, cells: list[Cell], cfg: XlingConfig, inputs: dict) -> None:
         """Stream the pending shards of some cells through one pipeline; commit each shard."""
         import ray.data
@@ -381,7 +365,9 @@ class Runner:
         todo: list[tuple[int, int]] = []  # (cell index, shard), in stream order
         for i, cell in enumerate(cells):
             self.store.delete_tree(f"{cell.dir}/_tmp")
-            info, done = inputs[cell.id], self._committed(cell)
+            info, done = inputs[cell.id], committed_shards(self.store, cell.dir)
+            self.log(f"[{stage.name}] {cell.id}: {info['rows']} input rows, {cell.n_shards} "
+                     f"shards, {len(done)} already committed, {cell.n_shards - len(done)} to run")
             for s in range(cell.n_shards):
                 if s in done:
                     continue
@@ -466,7 +452,7 @@ class Runner:
 
     def _finish(self, stage: Stage, cell: Cell, inputs: dict, t0: float) -> CellReport:
         store, d = self.store, cell.dir
-        markers = self._committed(cell)
+        markers = committed_shards(store, d)
         missing = [s for s in range(cell.n_shards) if s not in markers]
         if missing:
             raise StageFailed(f"{cell.id}: shards {missing[:10]} have no output after the run")
@@ -530,6 +516,12 @@ def _write_shards(batch: pa.Table, *, store: RunStore, dirs: list[str],
 # reading state
 
 
+def committed_shards(store: RunStore, rel_dir: str) -> dict[int, dict]:
+    """The shard markers of a cell, by shard number."""
+    markers = (store.read_json(p) for p in store.list(f"{rel_dir}/_shards") if p.endswith(".json"))
+    return {int(m["shard"]): m for m in markers}
+
+
 def cell_state(store: RunStore, rel_dir: str) -> dict:
     """done / partial / failed / pending, with row and error counts, for one cell dir."""
     manifest = store.read_json_or_none(f"{rel_dir}/_manifest.json")
@@ -538,7 +530,7 @@ def cell_state(store: RunStore, rel_dir: str) -> dict:
                 "shards_done": manifest["n_shards"], "n_shards": manifest["n_shards"],
                 "message": manifest.get("finished_at", "")}
     plan = store.read_json_or_none(f"{rel_dir}/_plan.json") or {}
-    markers = [store.read_json(p) for p in store.list(f"{rel_dir}/_shards") if p.endswith(".json")]
+    markers = list(committed_shards(store, rel_dir).values())
     failed = store.read_json_or_none(f"{rel_dir}/_failed.json")
     state = "failed" if failed else ("partial" if plan or markers else "pending")
     return {"state": state, "rows": sum(m["rows"] for m in markers),
