@@ -135,3 +135,32 @@ def test_xling_status_shows_done_partial_failed(ray_local, tmp_path):
     # And the partial cell resumes: only the two missing shards run.
     [rep] = Runner(store, progress=False).run(half, None)
     assert rep.state == "done" and rep.shards_run == 2 and rep.rows == 60
+
+
+class TwoGroupStage(EchoStage):
+    """Two cells partitioned together but processed in separate groups (pipelines)."""
+
+    def cells(self, cfg):
+        return [Cell("echo", {"set": t}, {"v": 1}, inputs=["<memory>"], n_shards=3)
+                for t in ("first", "second")]
+
+    def read(self, cell, cfg):
+        import ray.data
+
+        tag = cell.key["set"]
+        return ray.data.from_items([{"_rid": f"{tag}-{r['id']}", "id": f"{tag}-{r['id']}",
+                                     "text": r["text"]} for r in self.rows])
+
+    def group(self, cell):
+        return cell.key["set"]
+
+
+def test_each_group_commits_its_own_rows(ray_local, tmp_path):
+    # Regression: `_cell` stored at partition time indexed all fresh cells, while the second
+    # group's pipeline indexes its own cells from 0, so its rows were committed to the first.
+    store = RunStore(str(tmp_path / "run"))
+    stage = TwoGroupStage(ROWS[:20])
+    Runner(store, progress=False).run(stage, None)
+    for cell in stage.cells(None):
+        ids = read_cell(store, cell.dir)["id"].to_pylist()
+        assert sorted(ids) == sorted(f"{cell.key['set']}-{r['id']}" for r in ROWS[:20])

@@ -381,9 +381,13 @@ class Runner:
         # Ordered streaming lets a shard commit as soon as the next shard's rows appear,
         # while one long-lived actor pool serves every shard of every cell in the group.
         ray.data.DataContext.get_current().execution_options.preserve_order = True
-        files = [self.store.fs_path(f) for i, s in todo
-                 for f in inputs[cells[i].id]["shards"][str(s)]["files"]]
-        ds = ray.data.read_parquet(files, filesystem=self.store.fs, shuffle=None)
+        owner = {self.store.fs_path(f): i for i, s in todo
+                 for f in inputs[cells[i].id]["shards"][str(s)]["files"]}
+        # `_cell` in the input files indexes the cells partitioned together, which need not
+        # be this group (a rerun, other cells done): set it from the file each row came from.
+        ds = ray.data.read_parquet(list(owner), filesystem=self.store.fs, shuffle=None,
+                                   include_paths=True)
+        ds = ds.map_batches(functools.partial(_retag_cell, owner=owner), batch_format="pyarrow")
         out = stage.map(ds, cells, cfg)
         total = sum(inputs[cells[i].id]["shards"][str(s)]["rows"] for i, s in todo)
         label = cells[0].id if len(cells) == 1 else f"{len(cells)} cells"
@@ -487,6 +491,12 @@ class Runner:
 
 def _tag_cell(batch: pa.Table, *, index: int) -> pa.Table:
     return batch.append_column(CELL, pa.array([index] * batch.num_rows, pa.int64()))
+
+
+def _retag_cell(batch: pa.Table, *, owner: dict[str, int]) -> pa.Table:
+    cells = pa.array([owner[p] for p in batch["path"].to_pylist()], pa.int64())
+    batch = batch.drop_columns(["path"])
+    return batch.set_column(batch.column_names.index(CELL), CELL, cells)
 
 
 def _write_shards(batch: pa.Table, *, store: RunStore, dirs: list[str],
