@@ -1,10 +1,12 @@
 """The `xling` command line.
 
     xling run     --config FILE [KEY=VALUE ...]   run every stage the config lists, in order
-    xling <stage> --config FILE [KEY=VALUE ...]   run one stage (ingest, report)
+    xling <stage> --config FILE [KEY=VALUE ...]   run one stage (ingest, translate, report)
     xling validate --config FILE [KEY=VALUE ...]  check a config and print it with cell hashes
     xling status  RUN_ROOT                        done / partial / failed cells, rows, errors
     xling models  tiny                            build the tiny offline test models
+    xling models  convert --config FILE           convert translate.model to CTranslate2,
+                                                  cached in the run store
 
 Every stage takes --dry-run (print cells, shards and inputs; run nothing), --force (redo
 finished cells) and --address (a Ray cluster; RAY_ADDRESS works too, which is what
@@ -27,14 +29,17 @@ EXAMPLES = """examples:
   xling ingest --config configs/demo.yaml ingest.shards=16 --dry-run
   xling ingest --config configs/demo.yaml run_root=s3://my-bucket/xling/demo
   ray job submit --address http://HEAD:8265 --working-dir . -- xling run --config configs/demo.yaml
+  xling translate --config configs/demo.yaml translate.beam_size=2 --dry-run
+  xling models convert --config configs/clef.yaml translate.model=facebook/nllb-200-distilled-1.3B
   xling status runs/demo
 """
 
 
 def stage_registry() -> dict:
     from xling.jobs.ingest import IngestStage
+    from xling.jobs.translate import TranslateStage
 
-    return {"ingest": IngestStage}
+    return {"ingest": IngestStage, "translate": TranslateStage}
 
 
 def _stage_args(p: argparse.ArgumentParser) -> None:
@@ -64,6 +69,35 @@ def build_parser() -> argparse.ArgumentParser:
                                    "with sentence and token counts; malformed records become "
                                    "error rows.")
     _stage_args(p)
+    p = sub.add_parser(
+        "translate", help="translate documents (DT) and topics (QT) with NLLB (CTranslate2)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Translate each source x language into each target language, sentence by "
+                    "sentence, with one CTranslate2 actor pool for all directions. Output: "
+                    "translations rows (id, kind, src_lang, tgt_lang, title, text, segments, "
+                    "n_segments, token counts, model, compute_type, beam_size, error) under "
+                    "translate/<source>.<src>.<tgt>.<hash>/. Empty, wrong-language or unreadable "
+                    "records become error rows.",
+        epilog="""settings (translate.*, all overridable as KEY=VALUE):
+  model             CTranslate2 dir, hub id / Transformers dir (converted once into the
+                    run store), or tiny:nllb_ct2                     [tiny:nllb_ct2]
+  quantization      weights when converting: int8, int8_float16, float16, ...   [int8]
+  compute_type      CTranslate2 compute type at load time                    [default]
+  beam_size         beam width                                                     [4]
+  device            auto, cpu or cuda                                           [auto]
+  inter_threads / intra_threads   CTranslate2 replicas per actor / threads each  [1 / 0]
+  max_batch_tokens  padded tokens per engine batch (batch_type=tokens)          [4096]
+  max_input_tokens  longer sentences are split before translation               [200]
+  decode.ratio / decode.extra / decode.max_tokens
+                    a sentence of n tokens may produce min(max_tokens, ratio*n+extra)
+  lang_check        error: a text that looks like another language is an error row
+  shards            deterministic shards per cell (each commits on its own)      [16]
+  parallel.concurrency / batch_size / num_gpus (fractions share a GPU) / num_cpus
+
+example:
+  xling translate --config configs/demo.yaml translate.beam_size=2 translate.shards=32
+""")
+    _stage_args(p)
     p = sub.add_parser("report", help="write and print a summary of the run root")
     _stage_args(p)
     p = sub.add_parser("validate", help="check a config; print it resolved, with cell hashes")
@@ -81,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
                                     "with the real architectures, for tests and the demo.")
     t.add_argument("--dir", default=None, help="cache dir (default: $XLING_CACHE/models/tiny)")
     t.add_argument("--force", action="store_true", help="rebuild even if cached")
+    c = msub.add_parser(
+        "convert", help="convert translate.model to CTranslate2 and cache it in the run store",
+        description="Convert the config's translate.model (a hub id or a Transformers NLLB "
+                    "directory) to CTranslate2 with translate.quantization, and upload it to "
+                    "{run_root}/_models/ct2/, where translate actors on every node load it. "
+                    "A conversion already in the store is reused (--force redoes it). The "
+                    "translate stage does this by itself when needed; run it ahead to keep "
+                    "the conversion out of a cluster job.")
+    c.add_argument("--config", "-c", required=True)
+    c.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    c.add_argument("--force", action="store_true", help="convert again even if cached")
     return parser
 
 
@@ -147,6 +192,19 @@ def main(argv: list[str] | None = None) -> int:
             store.check(write=False)
             rows = run_status(store)
             print(json.dumps(rows, indent=2) if args.json else status_table(rows))
+            return 0
+        if args.command == "models" and args.models_command == "convert":
+            from xling.jobs.models import prepare_ct2_model
+
+            cfg = load_config(args.config, args.overrides)
+            if cfg.translate is None:
+                raise ConfigError(f"{args.config}: no `translate:` section, so no model to convert")
+            store = RunStore(cfg.run_root)
+            store.check()
+            local, rel = prepare_ct2_model(cfg.translate.model, cfg.translate.quantization,
+                                           store, force=args.force)
+            print(f"{cfg.translate.model}: " + (f"already a CTranslate2 model at {local}" if local
+                                                else f"CTranslate2 model at {store.url(rel)}"))
             return 0
         if args.command == "models":
             from pathlib import Path

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from xling.tasks.languages import UnknownLanguageError, get_language
 
+ENCODING = Literal["auto", "utf-8", "latin-1"]
+
 
 class ConfigError(ValueError):
     """A config problem a user can fix; the message says where and how."""
@@ -63,18 +65,119 @@ class CorpusSpec(Strict):
     """A document collection in one of the published formats (see tasks/corpora.py)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    format: Literal["mrtydi", "miracl", "ciral", "neuclir", "jsonl"] = "mrtydi"
-    path: str = Field(description="file or glob; `{lang}` is replaced by each language code")
+    format: Literal["mrtydi", "miracl", "ciral", "neuclir", "jsonl", "parquet", "clef"] = "mrtydi"
+    path: str = Field(description="file or glob (local or s3://); `{lang}` is replaced by each "
+                                  "language code; .gz files are read compressed")
     langs: list[str] = Field(min_length=1)
-    # Only for format=jsonl: which fields hold id / title / text.
+    # Only for format=jsonl / parquet: which fields hold id / title / text.
     id_field: str = "docid"
     title_field: str | None = "title"
     text_field: str = "text"
+    encoding: ENCODING = Field("auto", description="auto: UTF-8, and for clef Latin-1 where a "
+                                                   "<DOC> is not valid UTF-8")
 
     @field_validator("langs")
     @classmethod
     def _known_langs(cls, v: list[str]) -> list[str]:
         return [_check_lang(c) for c in v]
+
+
+class TopicSpec(Strict):
+    """Topics (queries): TREC `qid<TAB>text` TSV, or CLEF `<top>` SGML (tasks/topics.py)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    format: Literal["tsv", "clef"] = "tsv"
+    path: str = Field(description="file or glob (local or s3://); `{lang}` is replaced")
+    langs: list[str] = Field(min_length=1, description="the language the topics are written in")
+    fields: list[Literal["title", "desc", "narr"]] = Field(
+        ["title", "desc"], min_length=1, description="clef only: the fields that make the query")
+    encoding: ENCODING = "auto"
+
+    @field_validator("langs")
+    @classmethod
+    def _known_langs(cls, v: list[str]) -> list[str]:
+        return [_check_lang(c) for c in v]
+
+
+def _check_targets(spec, v: list[str]) -> list[str]:
+    return [_check_lang(c) for c in v]
+
+
+class TranslateCorpus(CorpusSpec):
+    """A corpus to translate from each of `langs` into each of `targets`."""
+
+    targets: list[str] = Field(min_length=1, description="target languages")
+    _targets = field_validator("targets")(classmethod(_check_targets))
+
+
+class TranslateTopics(TopicSpec):
+    """Topics to translate (QT) from each of `langs` into each of `targets`."""
+
+    targets: list[str] = Field(min_length=1, description="target languages")
+    _targets = field_validator("targets")(classmethod(_check_targets))
+
+
+class DecodeBound(Strict):
+    """How long a translation may grow: min(max_tokens, ceil(ratio * source) + extra)."""
+
+    ratio: float = Field(2.0, gt=0)
+    extra: int = Field(10, ge=0)
+    max_tokens: int = Field(512, ge=1)
+
+
+QUANTIZATIONS = ("int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16",
+                 "bfloat16", "float32")
+
+
+class TranslateConfig(Strict):
+    """`translate`: NLLB through CTranslate2, sentence by sentence, for documents and topics."""
+
+    model: str = Field("tiny:nllb_ct2", description=(
+        "a CTranslate2 model dir, a Transformers NLLB checkpoint (hub id or path: converted "
+        "once and cached in the run store under _models/), or tiny:<name>"))
+    quantization: Literal[QUANTIZATIONS] = Field(  # type: ignore[valid-type]
+        "int8", description="weights of a converted checkpoint (ignored for CTranslate2 dirs)")
+    compute_type: str = Field("default", description="CTranslate2 compute_type at load time")
+    beam_size: int = Field(4, ge=1, le=64)
+    max_input_tokens: int = Field(200, ge=8, description="longer sentences are split")
+    decode: DecodeBound = DecodeBound()
+    repetition_penalty: float = Field(1.0, gt=0)
+    no_repeat_ngram_size: int = Field(0, ge=0)
+    lang_check: Literal["error", "off"] = Field(
+        "error", description="error: a document that looks like another language is an error row")
+    device: Literal["auto", "cpu", "cuda"] = NoHash("auto")
+    inter_threads: int = NoHash(1, ge=1, description="CTranslate2 replicas per actor")
+    intra_threads: int = NoHash(0, ge=0, description="threads per replica (0: CT2 default)")
+    max_batch_tokens: int = NoHash(4096, ge=16, description="padded tokens per engine batch")
+    shards: int = NoHash(16, ge=1, le=100_000, description="deterministic shards per cell")
+    parallel: Parallelism = NoHash(Parallelism(batch_size=128, num_cpus=1.0))
+    documents: list[TranslateCorpus] = []
+    topics: list[TranslateTopics] = []
+
+    @field_validator("compute_type")
+    @classmethod
+    def _compute_type(cls, v: str) -> str:
+        allowed = ("default", "auto", *QUANTIZATIONS, "int16")
+        if v not in allowed:
+            raise ValueError(f"compute_type must be one of {', '.join(allowed)}")
+        return v
+
+    @model_validator(mode="after")
+    def _pairs(self) -> "TranslateConfig":
+        if not self.documents and not self.topics:
+            raise ValueError("translate needs `documents:` or `topics:` (or both)")
+        names = [s.name for s in [*self.documents, *self.topics]]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"names must be unique across documents and topics: {dup}")
+        for spec in [*self.documents, *self.topics]:
+            for src in spec.langs:
+                for tgt in spec.targets:
+                    if get_language(src).nllb == get_language(tgt).nllb:
+                        raise ValueError(
+                            f"'{spec.name}': {src} -> {tgt} translates a language into itself "
+                            f"(both are {get_language(src).nllb}); remove '{tgt}' from targets")
+        return self
 
 
 class IngestConfig(Strict):
@@ -94,19 +197,28 @@ class RayConfig(Strict):
     num_cpus: int | None = NoHash(None, ge=1, description="local mode only")
 
 
+STAGE_ORDER = ("ingest", "translate", "report")
+
+
 class XlingConfig(Strict):
     """The whole experiment. One file per study; sweeps override fields from the CLI."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     run_root: str | None = NoHash(None, description="local path or s3://bucket/prefix")
-    stages: list[Literal["ingest", "report"]] = NoHash(["ingest", "report"])
+    stages: list[Literal["ingest", "translate", "report"]] | None = NoHash(
+        None, description="stages `xling run` runs, in order (default: every stage with a "
+                          "section, then report)")
     ray: RayConfig = NoHash(RayConfig())
     ingest: IngestConfig | None = None
+    translate: TranslateConfig | None = None
 
     @model_validator(mode="after")
     def _defaults(self) -> "XlingConfig":
         if self.run_root is None:
             object.__setattr__(self, "run_root", f"./runs/{self.name}")
+        if self.stages is None:
+            object.__setattr__(self, "stages", [s for s in STAGE_ORDER
+                                                if s == "report" or getattr(self, s) is not None])
         for stage in self.stages:
             if stage != "report" and getattr(self, stage) is None:
                 raise ValueError(
@@ -259,7 +371,9 @@ def _explain(err: ValidationError, source: str, overrides: dict[str, str]) -> st
             lines.append(f"  - {loc}: required key is missing. Fix: add `{item['loc'][-1]}:`.")
         else:
             msg = msg.removeprefix("Value error, ")
-            lines.append(f"  - {loc}: {msg} (got {item.get('input')!r}){origin}.")
+            got = item.get("input")  # a whole section adds nothing to a model-level message
+            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"  - {loc}: {msg}{shown}{origin}.")
     return "\n".join(lines)
 
 

@@ -1,52 +1,20 @@
 """`ingest` stage: corpora in their published formats -> documents rows in the run store.
 
-One cell per (corpus, language). Lines are streamed with Ray Data, parsed by
-`tasks/corpora.py` (a malformed line is an error row), then measured by an actor pool of
-`actors.doc_stats.DocumentStats` (sentences and subword tokens per document, which size the
-translation work). Later stages read documents from here instead of from the raw files.
+One cell per (corpus, language). Files are streamed by `jobs/sources.py` through the parsers
+of `tasks/corpora.py` (JSON lines, Parquet, CLEF SGML; a malformed record is an error row),
+then measured by an actor pool of `actors.doc_stats.DocumentStats` (sentences and subword
+tokens per document, which size the translation work). Later stages read documents from
+here instead of from the raw files.
 """
 
 from __future__ import annotations
 
-import functools
-import glob
-import os
-
-import pyarrow as pa
-
 from xling.actors.doc_stats import DocumentStats
-from xling.jobs.config import ConfigError, CorpusSpec, XlingConfig, hashable
+from xling.jobs.config import XlingConfig, hashable
 from xling.jobs.models import resolve_model
 from xling.jobs.pools import actor_pool
-from xling.jobs.runner import RID, Cell, Stage
-from xling.tasks.corpora import parse_document_line
-
-DOCUMENTS = pa.schema([("doc_id", pa.string()), ("lang", pa.string()), ("title", pa.string()),
-                       ("text", pa.string()), ("source", pa.string()), ("date", pa.string()),
-                       ("error", pa.string())])
-
-
-def corpus_files(spec: CorpusSpec, lang: str, where: str) -> list[str]:
-    pattern = spec.path.replace("{lang}", lang)
-    if "://" in pattern:
-        return [pattern]  # remote inputs are listed by the reader itself
-    files = sorted(os.path.abspath(p) for p in glob.glob(os.path.expanduser(pattern)))
-    if not files:
-        raise ConfigError(f"{where}.path: no files match '{pattern}' for language '{lang}'. "
-                          f"Fix the path (it may use {{lang}}) or remove '{lang}' from langs.")
-    return files
-
-
-def _parse(batch: pa.Table, *, spec: dict, lang: str, source: str) -> pa.Table:
-    rows = []
-    for line in batch["text"].to_pylist():
-        row = parse_document_line(line, fmt=spec["format"], lang=lang, source=source,
-                                  id_field=spec["id_field"], title_field=spec["title_field"],
-                                  text_field=spec["text_field"])
-        if row is not None:
-            rows.append(row)
-    table = pa.Table.from_pylist(rows, schema=DOCUMENTS)
-    return table.append_column(RID, table["doc_id"])
+from xling.jobs.runner import Cell, Stage
+from xling.jobs.sources import read_documents, spec_files
 
 
 class IngestStage(Stage):
@@ -59,7 +27,7 @@ class IngestStage(Stage):
         cells = []
         for i, spec in enumerate(ic.corpora):
             for lang in spec.langs:
-                files = corpus_files(spec, lang, f"ingest.corpora[{i}]")
+                files = spec_files(spec, lang, f"ingest.corpora[{i}]")
                 # The other languages of the corpus are not this cell's business: adding one
                 # to `langs` must not invalidate the cells already done.
                 corpus = {k: v for k, v in hashable(spec).items() if k != "langs"}
@@ -69,15 +37,8 @@ class IngestStage(Stage):
         return cells
 
     def read(self, cell: Cell, cfg: XlingConfig):
-        import ray.data
-
         spec = next(s for s in cfg.ingest.corpora if s.name == cell.key["corpus"])
-        compression = "gzip" if all(f.endswith(".gz") for f in cell.inputs) else None
-        ds = ray.data.read_text(cell.inputs, arrow_open_stream_args={"compression": compression}
-                                if compression else None)
-        parse = functools.partial(_parse, spec=spec.model_dump(), lang=cell.key["lang"],
-                                  source=spec.name)
-        return ds.map_batches(parse, batch_format="pyarrow")
+        return read_documents(spec, cell.key["lang"], cell.inputs)
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         p = cfg.ingest.parallel

@@ -7,6 +7,7 @@ offline tests and the demo.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from xling.jobs.config import ConfigError
@@ -29,3 +30,99 @@ def resolve_model(name: str, *, key: str = "model") -> str:
     if Path(name).expanduser().exists():
         return str(Path(name).expanduser().resolve())
     return name  # a hub id, downloaded (or found in the HF cache) by the loader
+
+
+# ---------------------------------------------------------------------------------------
+# CTranslate2 models: convert once, cache in the run store, fetch on every worker node
+
+CT2_MARKER = "_xling_ct2.json"
+
+
+def is_ct2_dir(path: str) -> bool:
+    return Path(path, "model.bin").is_file()
+
+
+def ct2_store_dir(name: str, quantization: str) -> str:
+    """Where in the run store a converted checkpoint lives: `_models/ct2/<name>-<quant>`."""
+    import re
+
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "--", name.removeprefix("tiny:").strip("/"))
+    return f"_models/ct2/{slug}-{quantization}"
+
+
+def prepare_ct2_model(name: str, quantization: str, store, *, key: str = "translate.model",
+                      force: bool = False, log=print) -> tuple[str | None, str | None]:
+    """Make `name` loadable by ctranslate2.Translator on any worker.
+
+    Returns (local_dir, None) for a CTranslate2 directory that already exists locally, else
+    (None, store_rel): the checkpoint (hub id or Transformers directory) converted with
+    `quantization` and uploaded to the run store, where workers on other nodes fetch it
+    (`fetch_ct2_model`). A conversion already in the store is reused; `_xling_ct2.json`,
+    written last, marks it complete, so a killed conversion is redone, never half-used.
+    """
+    path = resolve_model(name, key=key)
+    if Path(path).is_dir() and is_ct2_dir(path):
+        return path, None
+    rel = ct2_store_dir(name, quantization)
+    if not force and store.read_json_or_none(f"{rel}/{CT2_MARKER}"):
+        return None, rel
+    import tempfile
+    import time
+
+    import ctranslate2
+    from transformers import AutoTokenizer
+
+    t0 = time.time()
+    log(f"[models] converting {name} to CTranslate2 ({quantization}) -> {store.url(rel)}")
+    with tempfile.TemporaryDirectory(prefix="xling-ct2-") as tmp:
+        out = Path(tmp) / "model"
+        try:
+            # The model's own tokenizer, saved as tokenizer.json (what the actors load).
+            tok = AutoTokenizer.from_pretrained(path)
+            ctranslate2.converters.TransformersConverter(path, load_as_float16=False).convert(
+                str(out), quantization=quantization, force=True)
+        except OSError as e:
+            raise ConfigError(f"{key}: cannot load '{name}' for conversion ({e}). Give a hub id "
+                              f"(needs network or the HF cache), a Transformers directory, or a "
+                              f"CTranslate2 directory.") from None
+        tok.save_pretrained(str(out))
+        files = {}
+        for f in sorted(out.iterdir()):
+            if f.is_file():
+                store.write_bytes(f"{rel}/{f.name}", f.read_bytes())
+                files[f.name] = f.stat().st_size
+    store.write_json(f"{rel}/{CT2_MARKER}", {
+        "source": name, "quantization": quantization, "files": files,
+        "ctranslate2": ctranslate2.__version__, "seconds": round(time.time() - t0, 1)})
+    log(f"[models] converted in {time.time() - t0:.1f}s ({sum(files.values()) / 1e6:.1f} MB)")
+    return None, rel
+
+
+def fetch_ct2_model(store, rel: str) -> str:
+    """A local directory holding the store's copy of a converted model (cached per node)."""
+    import hashlib
+    import os
+    import shutil
+    import uuid
+
+    if not store.is_s3:
+        return store.key(rel)
+    marker = store.read_json(f"{rel}/{CT2_MARKER}")
+    cache = Path(os.environ.get("XLING_CACHE", ".xling-cache")).resolve() / "models" / "store"
+    dest = cache / hashlib.sha256(store.url(rel).encode()).hexdigest()[:16]
+    try:
+        if json.loads((dest / CT2_MARKER).read_text()) == marker:
+            return str(dest)
+    except (OSError, ValueError):
+        pass
+    tmp = cache / f".tmp-{uuid.uuid4().hex}"
+    tmp.mkdir(parents=True)
+    for name in marker["files"]:
+        (tmp / name).write_bytes(store.read_bytes(f"{rel}/{name}"))
+    (tmp / CT2_MARKER).write_text(json.dumps(marker))
+    shutil.rmtree(dest, ignore_errors=True)
+    try:
+        os.replace(tmp, dest)  # another actor on this node may have won the race: fine
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(dest)

@@ -1,0 +1,144 @@
+"""Corpus and topic files -> Ray Datasets of documents / queries rows, streamed per file.
+
+Paths are local globs or `s3://bucket/prefix/glob` (reached with the same AWS_* variables as
+the run store). Each file is one read task that streams it through the parsers in
+`tasks/corpora.py` and `tasks/topics.py` and yields blocks of `BLOCK_ROWS` rows, so a file
+of any size is never held in memory and a corpus of many files is read in parallel.
+`.gz` files are decompressed on the fly.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import glob
+import os
+import re
+
+import pyarrow as pa
+
+from xling.jobs.config import ConfigError, CorpusSpec, TopicSpec
+from xling.jobs.runner import RID
+from xling.jobs.store import RunStore
+
+BLOCK_ROWS = 1024
+
+DOCUMENTS = pa.schema([("doc_id", pa.string()), ("lang", pa.string()), ("title", pa.string()),
+                       ("text", pa.string()), ("source", pa.string()), ("date", pa.string()),
+                       ("error", pa.string())])
+QUERIES = pa.schema([("query_id", pa.string()), ("lang", pa.string()), ("text", pa.string()),
+                     ("title", pa.string()), ("desc", pa.string()), ("narr", pa.string()),
+                     ("source", pa.string()), ("error", pa.string())])
+
+
+def _split_glob(uri: str) -> tuple[str, str]:
+    """s3://b/dir/x/*.gz -> ("s3://b/dir/x", "*.gz"): the fixed prefix and the pattern."""
+    m = re.search(r"[*?\[{]", uri)
+    if not m:
+        return uri.rsplit("/", 1)[0], uri.rsplit("/", 1)[1]
+    head = uri[: m.start()].rsplit("/", 1)[0]
+    return head, uri[len(head) + 1:]
+
+
+def list_files(pattern: str, *, where: str, lang: str | None = None) -> list[str]:
+    """Files matching a local glob or an s3:// glob, sorted. None is a ConfigError."""
+    if pattern.startswith("s3://"):
+        head, pat = _split_glob(pattern)
+        store = RunStore(head)
+        try:
+            found = sorted(f"{head}/{rel}" for rel in store.list("")
+                           if fnmatch.fnmatchcase(rel, pat))
+        except Exception as e:  # noqa: BLE001 - the store's own error says what to fix
+            raise ConfigError(f"{where}.path: cannot list {head}: {e}") from None
+    elif "://" in pattern:
+        raise ConfigError(f"{where}.path: only local paths and s3:// are supported, got {pattern}")
+    else:
+        found = sorted(os.path.abspath(p) for p in glob.glob(os.path.expanduser(pattern),
+                                                              recursive=True)
+                       if os.path.isfile(p))
+    if not found:
+        hint = f" for language '{lang}'. Fix the path (it may use {{lang}}) or remove '{lang}' " \
+               f"from langs." if lang else ". Fix the path."
+        raise ConfigError(f"{where}.path: no files match '{pattern}'{hint}")
+    return found
+
+
+def spec_files(spec: CorpusSpec | TopicSpec, lang: str, where: str) -> list[str]:
+    return list_files(spec.path.replace("{lang}", lang), where=where, lang=lang)
+
+
+def _open(path: str, *, random_access: bool = False):
+    """A binary stream (or seekable file) for a local path or s3:// URI."""
+    if path.startswith("s3://"):
+        head, name = path.rsplit("/", 1)
+        store = RunStore(head)
+        fs, full = store.fs, store.fs_path(name)
+    else:
+        import pyarrow.fs as pafs
+
+        fs, full = pafs.LocalFileSystem(), path
+    if random_access:
+        return fs.open_input_file(full)
+    return fs.open_input_stream(full, compression="gzip" if path.endswith(".gz") else None)
+
+
+def _blocks(rows, schema: pa.Schema):
+    buf = []
+    for row in rows:
+        buf.append(row)
+        if len(buf) >= BLOCK_ROWS:
+            yield pa.Table.from_pylist(buf, schema=schema)
+            buf = []
+    if buf:
+        yield pa.Table.from_pylist(buf, schema=schema)
+
+
+def _read_document_files(batch: pa.Table, *, spec: dict, lang: str):
+    from xling.tasks.corpora import iter_documents, iter_parquet_documents
+
+    fields = {k: spec[k] for k in ("id_field", "title_field", "text_field")}
+    for path in batch["path"].to_pylist():
+        if spec["format"] == "parquet":
+            with _open(path, random_access=True) as f:
+                rows = iter_parquet_documents(f, lang=lang, source_name=spec["name"], **fields)
+                yield from _blocks(rows, DOCUMENTS)
+        else:
+            with _open(path) as f:
+                rows = iter_documents(f, fmt=spec["format"], lang=lang, source=spec["name"],
+                                      encoding=spec["encoding"], **fields)
+                yield from _blocks(rows, DOCUMENTS)
+
+
+def _read_topic_files(batch: pa.Table, *, spec: dict, lang: str):
+    from xling.tasks.topics import iter_clef_topics, iter_tsv_topics
+
+    for path in batch["path"].to_pylist():
+        with _open(path) as f:
+            rows = (iter_clef_topics(f, lang=lang, fields=tuple(spec["fields"]),
+                                     encoding=spec["encoding"])
+                    if spec["format"] == "clef" else iter_tsv_topics(f, lang=lang))
+            yield from _blocks(({**r, "source": spec["name"]} for r in rows), QUERIES)
+
+
+def _file_dataset(files: list[str]):
+    import ray.data
+
+    return ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+
+
+def read_documents(spec: CorpusSpec, lang: str, files: list[str]):
+    """A Ray Dataset of documents rows (DOCUMENTS schema + `_rid` = doc_id)."""
+    fn = functools.partial(_read_document_files, spec=spec.model_dump(), lang=lang)
+    ds = _file_dataset(files).map_batches(fn, batch_size=1, batch_format="pyarrow")
+    return ds.map_batches(_with_rid, fn_kwargs={"column": "doc_id"}, batch_format="pyarrow")
+
+
+def read_queries(spec: TopicSpec, lang: str, files: list[str]):
+    """A Ray Dataset of queries rows (QUERIES schema + `_rid` = query_id)."""
+    fn = functools.partial(_read_topic_files, spec=spec.model_dump(), lang=lang)
+    ds = _file_dataset(files).map_batches(fn, batch_size=1, batch_format="pyarrow")
+    return ds.map_batches(_with_rid, fn_kwargs={"column": "query_id"}, batch_format="pyarrow")
+
+
+def _with_rid(batch: pa.Table, *, column: str) -> pa.Table:
+    return batch.append_column(RID, batch[column])

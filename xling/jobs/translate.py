@@ -1,0 +1,136 @@
+"""`translate` stage: NLLB through CTranslate2 for whole corpora (DT) and topics (QT).
+
+One cell per (source, source language, target language). Every cell of a run goes through
+one pipeline and one actor pool (`actors/translator.py`), which holds one
+`ctranslate2.Translator` and knows each cell's direction, so a corpus translated into three
+languages loads the model once per actor, not three times.
+
+    read   corpus / topic files -> documents / queries rows (jobs/sources.py, streamed)
+    map    Translator actors: sentences, split, token batches, CTranslate2, reassembly
+    write  the runner commits translations rows shard by shard (jobs/runner.py)
+
+The model is prepared on the driver before the pool starts: a CTranslate2 directory is used
+as it is; a Transformers checkpoint is converted once into the run store (`_models/ct2/`),
+from where each actor fetches it (jobs/models.py), so workers on other nodes need neither
+the hub nor the driver's disk.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from xling.actors.translator import Translator
+from xling.jobs.config import ConfigError, XlingConfig, hashable
+from xling.jobs.models import fetch_ct2_model, is_ct2_dir, prepare_ct2_model, resolve_model
+from xling.jobs.pools import actor_pool
+from xling.jobs.runner import RID, Cell, Stage
+from xling.jobs.sources import read_documents, read_queries, spec_files
+from xling.jobs.store import RunStore
+from xling.tasks.languages import LANGUAGES, get_language, lingua_language
+
+# Bump when the segmentation / splitting / reassembly changes what a translation is.
+PIPELINE_VERSION = 1
+INPUT_COLUMNS = ("id", "kind", "title", "text", "error")
+
+
+def _sources(cfg: XlingConfig):
+    tc = cfg.translate
+    for i, spec in enumerate(tc.documents):
+        yield "doc", spec, f"translate.documents[{i}]"
+    for i, spec in enumerate(tc.topics):
+        yield "query", spec, f"translate.topics[{i}]"
+
+
+def _check_vocabulary(model: str, codes: set[str]) -> None:
+    """Refuse language codes the model's vocabulary lacks (only for a local model dir)."""
+    import json
+    from pathlib import Path
+
+    path = resolve_model(model, key="translate.model")
+    vocab = Path(path, "shared_vocabulary.json")
+    if not vocab.is_file():
+        return  # a checkpoint still to be converted: the converter checks it
+    known = set(json.loads(vocab.read_text()))
+    missing = sorted(codes - known)
+    if missing:
+        raise ConfigError(f"translate.model: {model} has no language token for {missing}; "
+                          f"it cannot translate from or into those languages.")
+
+
+class TranslateStage(Stage):
+    name = "translate"
+    id_column = "id"
+
+    def cells(self, cfg: XlingConfig) -> list[Cell]:
+        tc = cfg.translate
+        engine = {k: v for k, v in hashable(tc).items() if k not in ("documents", "topics")}
+        path = resolve_model(tc.model, key="translate.model")
+        if is_ct2_dir(path):
+            engine.pop("quantization")  # a CTranslate2 dir is used as it is
+        cells, codes = [], set()
+        for kind, spec, where in _sources(cfg):
+            # Other languages and targets of the source are not this cell's business: adding
+            # one must not invalidate the cells already done.
+            source = {k: v for k, v in hashable(spec).items() if k not in ("langs", "targets")}
+            for src in spec.langs:
+                files = spec_files(spec, src, where)
+                for tgt in spec.targets:
+                    codes |= {get_language(src).nllb, get_language(tgt).nllb}
+                    params = {"kind": kind, "source": source, "src": src, "tgt": tgt,
+                              "engine": engine, "pipeline": PIPELINE_VERSION}
+                    cells.append(Cell("translate", {"source": spec.name, "src": src, "tgt": tgt},
+                                      params, inputs=files, n_shards=tc.shards))
+        _check_vocabulary(tc.model, codes)
+        return cells
+
+    def read(self, cell: Cell, cfg: XlingConfig):
+        kind, src = cell.params["kind"], cell.key["src"]
+        if kind == "doc":
+            spec = next(s for s in cfg.translate.documents if s.name == cell.key["source"])
+            ds = read_documents(spec, src, cell.inputs)
+        else:
+            spec = next(s for s in cfg.translate.topics if s.name == cell.key["source"])
+            ds = read_queries(spec, src, cell.inputs)
+        return ds.map_batches(_to_input, fn_kwargs={"kind": kind}, batch_format="pyarrow")
+
+    def map(self, ds, cells: list[Cell], cfg: XlingConfig):
+        tc, p = cfg.translate, cfg.translate.parallel
+        store = RunStore(cfg.run_root)
+        local, stored = prepare_ct2_model(tc.model, tc.quantization, store)
+        directions = [(c.key["src"], get_language(c.key["src"]).nllb,
+                       c.key["tgt"], get_language(c.key["tgt"]).nllb) for c in cells]
+        lingua = sorted({n for n in (lingua_language(c) for c in LANGUAGES) if n})
+        kwargs = dict(
+            store_uri=store.uri, store_rel=stored, model_dir=local, model_name=tc.model,
+            directions=directions, device=tc.device, compute_type=tc.compute_type,
+            beam_size=tc.beam_size, inter_threads=tc.inter_threads,
+            intra_threads=tc.intra_threads, max_batch_tokens=tc.max_batch_tokens,
+            max_input_tokens=tc.max_input_tokens, decode_ratio=tc.decode.ratio,
+            decode_extra=tc.decode.extra, max_decode_tokens=tc.decode.max_tokens,
+            repetition_penalty=tc.repetition_penalty,
+            no_repeat_ngram_size=tc.no_repeat_ngram_size, lang_check=tc.lang_check,
+            lingua_names=lingua,
+            lingua_expected={src: lingua_language(src) for src, *_ in directions
+                             if lingua_language(src)})
+        return ds.map_batches(StoreTranslator, fn_constructor_kwargs=kwargs,
+                              batch_format="pyarrow", batch_size=p.batch_size,
+                              compute=actor_pool(p, key="translate.parallel"),
+                              num_cpus=p.num_cpus, num_gpus=p.num_gpus)
+
+
+class StoreTranslator(Translator):
+    """The Translator actor, loading its model from the run store when it lives there."""
+
+    def __init__(self, *, store_uri: str, store_rel: str | None, model_dir: str | None, **kw):
+        if store_rel is not None:
+            model_dir = fetch_ct2_model(RunStore(store_uri), store_rel)
+        super().__init__(model_dir, **kw)
+
+
+def _to_input(batch: pa.Table, *, kind: str) -> pa.Table:
+    """documents / queries rows -> the translator's input columns."""
+    n = batch.num_rows
+    ids = batch["doc_id" if kind == "doc" else "query_id"]
+    title = batch["title"] if kind == "doc" else pa.nulls(n, pa.string())
+    return pa.table({RID: batch[RID], "id": ids, "kind": pa.array([kind] * n, pa.string()),
+                     "title": title, "text": batch["text"], "error": batch["error"]})
