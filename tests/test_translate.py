@@ -318,3 +318,16 @@ def _markers(store: RunStore) -> dict[int, dict]:
             m = store.read_json(rel)
             out[m["shard"]] = m
     return out
+
+
+@pytest.mark.parametrize("name", ["translate-clef2003.yaml", "translate-ciral.yaml", "demo.yaml"])
+def test_study_configs_validate(name):
+    from xling.jobs.config import load_config
+
+    tc = load_config(ROOT / "configs" / name).translate
+    pairs = {(s.name, a, b) for s in [*tc.documents, *tc.topics] for a in s.langs for b in s.targets}
+    assert pairs and all(a != b for _, a, b in pairs)
+    if name == "translate-clef2003.yaml":  # the directions the CLEF 2003 DT runs need
+        assert {(src, tgt) for _, src, tgt in pairs} >= {
+            ("fi", "en"), ("it", "en"), ("ru", "en"), ("de", "en"), ("it", "de"), ("ru", "de"),
+            ("fi", "de"), ("it", "fi"), ("ru", "fi")}

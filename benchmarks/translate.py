@@ -1,0 +1,186 @@
+"""Throughput of the `translate` stage against bare CTranslate2, same model, same sentences.
+
+Sentences: real Mr.TyDi and NeuCLIR passages from data/demo, split with sentencex, repeated
+under new ids up to --sentences; each sentence is one document, so both sides translate
+exactly the same inputs.
+
+Bare engine: one `ctranslate2.Translator`, the sentences tokenized with the model's
+`tokenizer.json`, ONE `translate_batch` call over all of them (max_batch_size in tokens,
+batch_type="tokens", so CTranslate2 sorts and batches them itself), then detokenized.
+
+xling: the whole `translate` stage on local Ray (partition into shards, reading, the
+Translator actor with sentence segmentation, splitting, token batching, async CTranslate2,
+reassembly, ordered streaming, per-shard Parquet commits and manifests).
+
+Same options on both sides: beam size, compute type, threads, batch budget, and the same
+decode bound for every sentence (the bench sets ratio high enough that every sentence gets
+`--max-decode` tokens, the only bound a single bare call can express).
+
+Reported: sentences/s and target tokens/s, padding efficiency (real / padded source tokens),
+the ratio xling / bare at steady state (the marginal rate between a run on half the
+sentences and one on all of them, which cancels fixed costs) and over the whole run,
+and start-up costs (model load for bare; Ray Data pipelines + actor start for xling).
+
+    .venv/bin/python benchmarks/translate.py --sentences 3000
+    .venv/bin/python benchmarks/translate.py --model /models/nllb-600M-ct2 --device cuda \
+        --compute-type int8_float16 --max-batch-tokens 16384 --batch-size 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def real_sentences(n: int, tokenizer: str, max_tokens: int = 200) -> list[tuple[str, str]]:
+    """(id, sentence) pairs from the real demo passages, repeated up to n.
+
+    Sentences over the stage's split limit (`max_input_tokens`, 200) are left out: the bare
+    engine cannot take them (NLLB has 1024 positions) and the stage would split them, so the
+    two sides would no longer translate the same inputs.
+    """
+    from sentencex import segment
+    from tokenizers import Tokenizer
+
+    base = []
+    for f in sorted((ROOT / "data/demo/mrtydi").glob("*.jsonl.gz")):
+        for line in gzip.open(f, "rt", encoding="utf-8"):
+            text = json.loads(line)["text"]
+            base += [s.strip() for p in text.split("\n") for s in segment("en", p) if s.strip()]
+    for line in (ROOT / "data/demo/neuclir-rus.jsonl").open(encoding="utf-8"):
+        text = json.loads(line)["text"]
+        base += [s.strip() for p in text.split("\n") for s in segment("ru", p)
+                 if len(s.strip()) > 20]
+    tok = Tokenizer.from_file(f"{tokenizer}/tokenizer.json")
+    base = [s for s, e in zip(base, tok.encode_batch(base, add_special_tokens=False))
+            if len(e.ids) <= max_tokens]
+    return [(f"s{i}", base[i % len(base)]) for i in range(n)]
+
+
+def bare(model: str, sents: list[str], a) -> dict:
+    import ctranslate2
+    from tokenizers import Tokenizer
+
+    t0 = time.perf_counter()
+    engine = ctranslate2.Translator(model, device=a.device, compute_type=a.compute_type,
+                                    inter_threads=1, intra_threads=a.intra_threads)
+    tok = Tokenizer.from_file(f"{model}/tokenizer.json")
+    load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sources = [["eng_Latn", *e.tokens, "</s>"]
+               for e in tok.encode_batch(sents, add_special_tokens=False)]
+    results = engine.translate_batch(
+        sources, target_prefix=[["deu_Latn"]] * len(sources), beam_size=a.beam_size,
+        max_batch_size=a.max_batch_tokens, batch_type="tokens", max_input_length=0,
+        max_decoding_length=a.max_decode + 1)
+    hyps = [r.hypotheses[0][1:] for r in results]
+    texts = [tok.decode([tok.token_to_id(t) for t in h if tok.token_to_id(t) is not None],
+                        skip_special_tokens=True) for h in hyps]
+    wall = time.perf_counter() - t0
+    assert len(texts) == len(sents)
+    return {"load": load, "wall": wall, "tgt_tokens": sum(len(h) for h in hyps),
+            "lengths": [len(s) for s in sources]}
+
+
+def xling_stage(model: str, corpus: Path, a) -> dict:
+    """The whole stage on a fresh run root; wall time, rows and target tokens."""
+    from xling.jobs.config import validate_config
+    from xling.jobs.runner import Runner, read_cell
+    from xling.jobs.store import RunStore
+    from xling.jobs.translate import TranslateStage
+
+    run_root = tempfile.mkdtemp(prefix="xling-bench-")
+    cfg = validate_config({"name": "bench", "run_root": run_root, "translate": {
+        "model": model, "beam_size": a.beam_size, "compute_type": a.compute_type,
+        "device": a.device, "intra_threads": a.intra_threads,
+        "max_batch_tokens": a.max_batch_tokens, "lang_check": "off", "shards": a.shards,
+        # Every sentence may produce max_decode tokens, as in the single bare call.
+        "decode": {"ratio": 1000.0, "extra": 0, "max_tokens": a.max_decode},
+        "parallel": {"concurrency": [1, 1], "batch_size": a.batch_size,
+                     "num_gpus": 1 if a.device == "cuda" else 0},
+        "documents": [{"name": "bench", "format": "jsonl", "path": str(corpus), "langs": ["en"],
+                       "targets": ["de"], "id_field": "id", "title_field": None,
+                       "text_field": "text"}]}})
+    t0 = time.perf_counter()
+    [rep] = Runner(RunStore(run_root), progress=False, log=lambda *_: None).run(
+        TranslateStage(), cfg)
+    wall = time.perf_counter() - t0
+    table = read_cell(RunStore(run_root), rep.cell.dir, columns=["n_tgt_tokens", "error"])
+    assert rep.errors == 0, "benchmark sentences must all translate"
+    return {"wall": wall, "rows": rep.rows,
+            "tgt_tokens": sum(n or 0 for n in table["n_tgt_tokens"].to_pylist())}
+
+
+def write_corpus(path: Path, pairs) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "text": s}, ensure_ascii=False) + "\n"
+                            for i, s in pairs), encoding="utf-8")
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sentences", type=int, default=3000)
+    ap.add_argument("--model", default="tiny:nllb_ct2", help="a CTranslate2 dir or tiny:nllb_ct2")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--compute-type", default="default")
+    ap.add_argument("--beam-size", type=int, default=4)
+    ap.add_argument("--intra-threads", type=int, default=2)
+    ap.add_argument("--max-batch-tokens", type=int, default=4096)
+    ap.add_argument("--max-decode", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=512, help="documents per actor call")
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--num-cpus", type=int, default=2, help="local Ray CPUs")
+    a = ap.parse_args()
+
+    from xling.actors.segments import padding_efficiency, token_batches
+    from xling.jobs.models import resolve_model
+
+    model = resolve_model(a.model)
+    pairs = real_sentences(a.sentences, model)
+    half = pairs[: len(pairs) // 2]
+    import ray
+    import ray.data
+
+    with tempfile.TemporaryDirectory() as d:
+        b = bare(model, [s for _, s in pairs], a)
+        ray.init(num_cpus=a.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars, ctx.print_on_execution_start = False, False
+        xh = xling_stage(model, write_corpus(Path(d) / "half.jsonl", half), a)
+        x = xling_stage(model, write_corpus(Path(d) / "all.jsonl", pairs), a)
+        ray.shutdown()
+    n = len(pairs)
+    # Steady state: the marginal cost of the second half of the sentences, which cancels
+    # everything paid once per run (pipelines, partition, actor and model start, manifests).
+    steady = (n - len(half)) / (x["wall"] - xh["wall"])
+    steady_tok = (x["tgt_tokens"] - xh["tgt_tokens"]) / (x["wall"] - xh["wall"])
+    startup = x["wall"] - n / steady
+    lengths = b["lengths"]
+    # Bare: CTranslate2 sorts the whole call by length; xling: each actor call is one window.
+    pad_bare = padding_efficiency(lengths, token_batches(lengths, a.max_batch_tokens))
+    pad_x = padding_efficiency(lengths, token_batches(lengths, a.max_batch_tokens,
+                                                      window=a.batch_size))
+    b_sps, x_all = n / b["wall"], n / x["wall"]
+    print(f"sentences            {n}   model {a.model}   device {a.device}   beam {a.beam_size}")
+    print(f"bare CTranslate2     {b_sps:9.1f} sent/s  {b['tgt_tokens'] / b['wall']:10.1f} tgt tok/s"
+          f"  padding eff {pad_bare:.3f}  (load {b['load']:.2f} s, translate {b['wall']:.1f} s)")
+    print(f"xling steady state   {steady:9.1f} sent/s  {steady_tok:10.1f} tgt tok/s"
+          f"  padding eff {pad_x:.3f}  (runs of {len(half)} and {n}: {xh['wall']:.1f} s, "
+          f"{x['wall']:.1f} s)")
+    print(f"xling whole run      {x_all:9.1f} sent/s  {x['tgt_tokens'] / x['wall']:10.1f} tgt tok/s")
+    print(f"xling startup        {startup:9.1f} s      (Ray Data pipelines, partition, actor + "
+          f"model load, commits)")
+    print(f"ratio steady / bare  {steady / b_sps:9.2f}")
+    print(f"ratio whole / bare   {x_all / b_sps:9.2f}")
+
+
+if __name__ == "__main__":
+    main()
