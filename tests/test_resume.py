@@ -69,13 +69,28 @@ ingest:
     return cfg
 
 
-def markers(store: RunStore) -> dict[int, dict]:
+def markers(store: RunStore, stage: str = "ingest") -> dict[int, dict]:
     out = {}
-    for rel in store.list("ingest"):
+    for rel in store.list(stage):
         if "/_shards/" in rel:
             m = store.read_json(rel)
             out[m["shard"]] = m
     return out
+
+
+def kill_after_commits(proc, store: RunStore, stage: str, n: int = 3, timeout: float = 240) -> None:
+    """SIGKILL a running `xling` driver (and its local Ray) once `n` shards are committed."""
+    deadline = time.time() + timeout
+    while len(markers(store, stage)) < n:
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.time() < deadline, "no shard committed in time"
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)  # the driver, mid-run
+    proc.wait()
+    try:  # and whatever local Ray processes it left, as a lost node would
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def xling(*args, env=None, **kw):
@@ -103,17 +118,7 @@ def test_sigkill_mid_run_then_resume(tmp_path, run_root, tiny_models):
     proc = xling("ingest", "--config", str(cfg), "--no-progress",
                  env={"XLING_FAULT_COMMIT_DELAY": "1.5"}, stdout=subprocess.PIPE,
                  stderr=subprocess.STDOUT)
-    deadline = time.time() + 240
-    while len(markers(store)) < 3:
-        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-        assert time.time() < deadline, "no shard committed in time"
-        time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGKILL)  # the driver, mid-run
-    proc.wait()
-    try:  # and whatever local Ray processes it left, as a lost node would
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_after_commits(proc, store, "ingest")
     first = markers(store)
     assert 3 <= len(first) < N_SHARDS, "the kill should land mid-run"
     [cell] = [c for c in store.list_dirs("ingest")]

@@ -12,7 +12,6 @@ sentencex, lingua, local Ray, and the run root on the SeaweedFS S3 server.
 import gzip
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -71,6 +70,10 @@ def test_documents_and_topics_on_s3(tmp_path, s3_root, s3_env, tiny_models):
     from sentencex import segment
     from tokenizers import Tokenizer
 
+    # The corpus itself lives in S3, as on a cluster: read from S3, written to S3.
+    corpus = RunStore(f"{s3_root}-corpus")
+    for lang in LANGS:
+        corpus.write_bytes(f"{lang}/corpus.jsonl.gz", Path(DOCS.replace("{lang}", lang)).read_bytes())
     cfg = tmp_path / "dt.yaml"
     cfg.write_text(f"""
 name: dt
@@ -84,7 +87,7 @@ translate:
   documents:
     - name: mrtydi
       format: mrtydi
-      path: {DOCS}
+      path: {corpus.url()}/{{lang}}/*.jsonl.gz
       langs: {LANGS}
       targets: {TARGETS}
 """)
@@ -92,6 +95,8 @@ translate:
     store = RunStore(s3_root)
     cells = cell_dirs(store)
     assert set(cells) == {("mrtydi", s, t) for s in LANGS for t in TARGETS}
+    plan = store.read_json(f"{cells[('mrtydi', 'fi', 'en')]}/_plan.json")
+    assert plan["inputs"] == [f"{corpus.url()}/fi/corpus.jsonl.gz"]
 
     model = tiny_models["nllb_ct2"]
     engine = ctranslate2.Translator(model, device="cpu", intra_threads=1)
@@ -248,6 +253,20 @@ translate:
           "unknown tiny model")
     check(f"  beam: 2\n  documents: [{{name: m, path: '{docs}', langs: [fi], targets: [en]}}]",
           "did you mean 'beam_size'")
+    # A model that cannot be had (offline here) stops the job before Ray starts.
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(f"""
+name: m
+run_root: {tmp_path / 'run2'}
+translate:
+  model: facebook/nllb-200-distilled-600M
+  documents: [{{name: m, path: '{docs}', langs: [fi], targets: [en]}}]
+""")
+    p = subprocess.run([sys.executable, "-m", "xling.jobs.cli", "translate", "--config", str(cfg)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 2 and "translate.model: cannot convert" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "run2" / "translate").exists()
 
 
 N_SHARDS = 10
@@ -255,7 +274,7 @@ N_SHARDS = 10
 
 @pytest.mark.slow
 def test_sigkill_mid_corpus_then_resume(tmp_path, tiny_models):
-    from test_resume import sentence_corpus
+    from test_resume import kill_after_commits, markers, sentence_corpus
 
     ids = sentence_corpus(tmp_path / "sentences.jsonl")
     run_root = str(tmp_path / "run")
@@ -277,23 +296,13 @@ translate:
     proc = xling("translate", "--config", str(cfg), "--no-progress",
                  env={"XLING_FAULT_COMMIT_DELAY": "1.5"}, stdout=subprocess.PIPE,
                  stderr=subprocess.STDOUT)
-    deadline = time.time() + 300
-    while len(_markers(store)) < 3:
-        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-        assert time.time() < deadline, "no shard committed in time"
-        time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    first = _markers(store)
+    kill_after_commits(proc, store, "translate", timeout=300)
+    first = markers(store, "translate")
     assert 3 <= len(first) < N_SHARDS, "the kill should land mid-corpus"
 
     out = run_ok("translate", "--config", str(cfg))
     assert f"{len(first)} already committed, {N_SHARDS - len(first)} to run" in out
-    final = _markers(store)
+    final = markers(store, "translate")
     assert len(final) == N_SHARDS
     for s, m in first.items():
         assert final[s] == m, "a committed shard was recomputed"
@@ -309,15 +318,6 @@ translate:
     good = [i for i, e in zip(got, table["error"].to_pylist()) if e is None]
     assert sorted(good) == sorted(ids), "missing or extra documents"
     assert manifest["errors"] == 1  # the one malformed line
-
-
-def _markers(store: RunStore) -> dict[int, dict]:
-    out = {}
-    for rel in store.list("translate"):
-        if "/_shards/" in rel:
-            m = store.read_json(rel)
-            out[m["shard"]] = m
-    return out
 
 
 @pytest.mark.parametrize("name", ["translate-clef2003.yaml", "translate-ciral.yaml", "demo.yaml"])

@@ -171,6 +171,9 @@ def run_stages(cfg: XlingConfig, stages: list[str], args) -> int:
         if name != "report":
             registry[name]().cells(cfg)
     store.check()
+    for name in stages:
+        if name != "report":
+            registry[name]().prepare(cfg, store)
     if any(s != "report" for s in stages):
         init_ray(cfg, args.address)
     for name in stages:

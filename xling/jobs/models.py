@@ -81,8 +81,8 @@ def prepare_ct2_model(name: str, quantization: str, store, *, key: str = "transl
             tok = AutoTokenizer.from_pretrained(path)
             ctranslate2.converters.TransformersConverter(path, load_as_float16=False).convert(
                 str(out), quantization=quantization, force=True)
-        except OSError as e:
-            raise ConfigError(f"{key}: cannot load '{name}' for conversion ({e}). Give a hub id "
+        except (OSError, ValueError, KeyError) as e:  # missing, offline, not a seq2seq model
+            raise ConfigError(f"{key}: cannot convert '{name}' to CTranslate2 ({e}). Give a hub id "
                               f"(needs network or the HF cache), a Transformers directory, or a "
                               f"CTranslate2 directory.") from None
         tok.save_pretrained(str(out))

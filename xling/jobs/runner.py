@@ -167,6 +167,9 @@ class Stage(ABC):
         """Cells with the same group share one pipeline (and its actor pools)."""
         return ""
 
+    def prepare(self, cfg: XlingConfig, store: RunStore) -> None:
+        """Driver-side work before Ray starts (e.g. converting a model into the store)."""
+
 
 class StageFailed(RuntimeError):
     pass

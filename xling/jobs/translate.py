@@ -93,9 +93,14 @@ class TranslateStage(Stage):
             ds = read_queries(spec, src, cell.inputs)
         return ds.map_batches(_to_input, fn_kwargs={"kind": kind}, batch_format="pyarrow")
 
+    def prepare(self, cfg: XlingConfig, store: RunStore) -> None:
+        # Convert before Ray starts: a model that cannot be loaded stops the job here.
+        prepare_ct2_model(cfg.translate.model, cfg.translate.quantization, store)
+
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         tc, p = cfg.translate, cfg.translate.parallel
         store = RunStore(cfg.run_root)
+        # Found in the store after `prepare` (or converted now when the runner is used directly).
         local, stored = prepare_ct2_model(tc.model, tc.quantization, store)
         directions = [(c.key["src"], get_language(c.key["src"]).nllb,
                        c.key["tgt"], get_language(c.key["tgt"]).nllb) for c in cells]
