@@ -69,7 +69,7 @@ class Translator:
         self.decode = (decode_ratio, decode_extra, max_decode_tokens)
         self.options = {"repetition_penalty": repetition_penalty,
                         "no_repeat_ngram_size": no_repeat_ngram_size}
-        self.lang_check, self.lang_check_min_chars = lang_check, lang_check_min_chars
+        self.lang_check_min_chars = lang_check_min_chars
         self.lang_check_confidence = lang_check_confidence
         self.detector = (_detector(lingua_names, lingua_expected or {})
                          if lang_check != "off" and lingua_names else None)

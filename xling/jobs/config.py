@@ -61,14 +61,24 @@ class Parallelism(Strict):
         return v
 
 
-class CorpusSpec(Strict):
-    """A document collection in one of the published formats (see tasks/corpora.py)."""
+class _Source(Strict):
+    """What every input file set has: a name, and the languages it is written in."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    langs: list[str] = Field(min_length=1, description="the languages the files are written in")
+
+    @field_validator("langs")
+    @classmethod
+    def _known_langs(cls, v: list[str]) -> list[str]:
+        return [_check_lang(c) for c in v]
+
+
+class CorpusSpec(_Source):
+    """A document collection in one of the published formats (see tasks/corpora.py)."""
+
     format: Literal["mrtydi", "miracl", "ciral", "neuclir", "jsonl", "parquet", "clef"] = "mrtydi"
     path: str = Field(description="file or glob (local or s3://); `{lang}` is replaced by each "
                                   "language code; .gz files are read compressed")
-    langs: list[str] = Field(min_length=1)
     # Only for format=jsonl / parquet: which fields hold id / title / text.
     id_field: str = "docid"
     title_field: str | None = "title"
@@ -76,45 +86,32 @@ class CorpusSpec(Strict):
     encoding: ENCODING = Field("auto", description="auto: UTF-8, and for clef Latin-1 where a "
                                                    "<DOC> is not valid UTF-8")
 
-    @field_validator("langs")
-    @classmethod
-    def _known_langs(cls, v: list[str]) -> list[str]:
-        return [_check_lang(c) for c in v]
 
-
-class TopicSpec(Strict):
+class TopicSpec(_Source):
     """Topics (queries): TREC `qid<TAB>text` TSV, or CLEF `<top>` SGML (tasks/topics.py)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     format: Literal["tsv", "clef"] = "tsv"
     path: str = Field(description="file or glob (local or s3://); `{lang}` is replaced")
-    langs: list[str] = Field(min_length=1, description="the language the topics are written in")
     fields: list[Literal["title", "desc", "narr"]] = Field(
         ["title", "desc"], min_length=1, description="clef only: the fields that make the query")
     encoding: ENCODING = "auto"
 
-    @field_validator("langs")
+
+class _Targets(Strict):
+    targets: list[str] = Field(min_length=1, description="target languages")
+
+    @field_validator("targets")
     @classmethod
-    def _known_langs(cls, v: list[str]) -> list[str]:
+    def _known_targets(cls, v: list[str]) -> list[str]:
         return [_check_lang(c) for c in v]
 
 
-def _check_targets(spec, v: list[str]) -> list[str]:
-    return [_check_lang(c) for c in v]
-
-
-class TranslateCorpus(CorpusSpec):
+class TranslateCorpus(CorpusSpec, _Targets):
     """A corpus to translate from each of `langs` into each of `targets`."""
 
-    targets: list[str] = Field(min_length=1, description="target languages")
-    _targets = field_validator("targets")(classmethod(_check_targets))
 
-
-class TranslateTopics(TopicSpec):
+class TranslateTopics(TopicSpec, _Targets):
     """Topics to translate (QT) from each of `langs` into each of `targets`."""
-
-    targets: list[str] = Field(min_length=1, description="target languages")
-    _targets = field_validator("targets")(classmethod(_check_targets))
 
 
 class DecodeBound(Strict):

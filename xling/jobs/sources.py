@@ -97,16 +97,14 @@ def _read_document_files(batch: pa.Table, *, spec: dict, lang: str):
     from xling.tasks.corpora import iter_documents, iter_parquet_documents
 
     fields = {k: spec[k] for k in ("id_field", "title_field", "text_field")}
+    parquet = spec["format"] == "parquet"
     for path in batch["path"].to_pylist():
-        if spec["format"] == "parquet":
-            with _open(path, random_access=True) as f:
-                rows = iter_parquet_documents(f, lang=lang, source_name=spec["name"], **fields)
-                yield from _blocks(rows, DOCUMENTS)
-        else:
-            with _open(path) as f:
-                rows = iter_documents(f, fmt=spec["format"], lang=lang, source=spec["name"],
-                                      encoding=spec["encoding"], **fields)
-                yield from _blocks(rows, DOCUMENTS)
+        with _open(path, random_access=parquet) as f:
+            rows = (iter_parquet_documents(f, lang=lang, source_name=spec["name"], **fields)
+                    if parquet else
+                    iter_documents(f, fmt=spec["format"], lang=lang, source=spec["name"],
+                                   encoding=spec["encoding"], **fields))
+            yield from _blocks(rows, DOCUMENTS)
 
 
 def _read_topic_files(batch: pa.Table, *, spec: dict, lang: str):

@@ -30,7 +30,6 @@ from xling.tasks.languages import LANGUAGES, get_language, lingua_language
 
 # Bump when the segmentation / splitting / reassembly changes what a translation is.
 PIPELINE_VERSION = 1
-INPUT_COLUMNS = ("id", "kind", "title", "text", "error")
 
 
 def _sources(cfg: XlingConfig):
@@ -41,12 +40,11 @@ def _sources(cfg: XlingConfig):
         yield "query", spec, f"translate.topics[{i}]"
 
 
-def _check_vocabulary(model: str, codes: set[str]) -> None:
+def _check_vocabulary(model: str, path: str, codes: set[str]) -> None:
     """Refuse language codes the model's vocabulary lacks (only for a local model dir)."""
     import json
     from pathlib import Path
 
-    path = resolve_model(model, key="translate.model")
     vocab = Path(path, "shared_vocabulary.json")
     if not vocab.is_file():
         return  # a checkpoint still to be converted: the converter checks it
@@ -80,7 +78,7 @@ class TranslateStage(Stage):
                               "engine": engine, "pipeline": PIPELINE_VERSION}
                     cells.append(Cell("translate", {"source": spec.name, "src": src, "tgt": tgt},
                                       params, inputs=files, n_shards=tc.shards))
-        _check_vocabulary(tc.model, codes)
+        _check_vocabulary(tc.model, path, codes)
         return cells
 
     def read(self, cell: Cell, cfg: XlingConfig):

@@ -54,18 +54,14 @@ def parse_document_line(line: str, *, fmt: str, lang: str, source: str,
     """
     if not line.strip():
         return None
-    if fmt in FIELDS:
-        id_field, title_field, text_field = FIELDS[fmt]
-    row: dict[str, Any] = {"doc_id": None, "lang": lang, "title": None, "text": None,
-                           "source": source, "date": None, "error": None}
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        row.update(doc_id=bad_line_id(line), error=f"malformed JSON: {e.msg} at column {e.colno}")
-        return row
+        return _error_row(bad_line_id(line), lang, source,
+                          f"malformed JSON: {e.msg} at column {e.colno}")
     if not isinstance(obj, dict):
-        row.update(doc_id=bad_line_id(line), error=f"expected a JSON object, got {type(obj).__name__}")
-        return row
+        return _error_row(bad_line_id(line), lang, source,
+                          f"expected a JSON object, got {type(obj).__name__}")
     row = document_from_object(obj, fmt=fmt, lang=lang, source=source, id_field=id_field,
                                title_field=title_field, text_field=text_field)
     if row["doc_id"] is None:
@@ -82,12 +78,10 @@ def document_from_object(obj: dict, *, fmt: str, lang: str, source: str,
     """
     if fmt in FIELDS:
         id_field, title_field, text_field = FIELDS[fmt]
-    row: dict[str, Any] = {"doc_id": None, "lang": lang, "title": None, "text": None,
-                           "source": source, "date": None, "error": None}
     doc_id = obj.get(id_field)
     if doc_id is None or str(doc_id).strip() == "":
-        row["error"] = f"missing document id field '{id_field}'"
-        return row
+        return _error_row(None, lang, source, f"missing document id field '{id_field}'")
+    row = _error_row(None, lang, source, None)
     row["doc_id"] = str(doc_id)
     title = obj.get(title_field) if title_field else None
     row["title"] = None if title is None else str(title)
@@ -179,7 +173,8 @@ def iter_parquet_documents(source, *, lang: str, source_name: str, id_field: str
             yield row
 
 
-def _error_row(doc_id: str, lang: str, source: str, error: str) -> dict[str, Any]:
+def _error_row(doc_id: str | None, lang: str, source: str, error: str | None) -> dict[str, Any]:
+    """A documents row with no content (`error=None` gives the blank row parsers fill in)."""
     return {"doc_id": doc_id, "lang": lang, "title": None, "text": None, "source": source,
             "date": None, "error": error}
 
