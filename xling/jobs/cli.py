@@ -1,7 +1,8 @@
 """The `xling` command line.
 
     xling run     --config FILE [KEY=VALUE ...]   run every stage the config lists, in order
-    xling <stage> --config FILE [KEY=VALUE ...]   run one stage (ingest, translate, report)
+    xling <stage> --config FILE [KEY=VALUE ...]   run one stage (ingest, translate, index,
+                                                  retrieve, evaluate, report)
     xling validate --config FILE [KEY=VALUE ...]  check a config and print it with cell hashes
     xling status  RUN_ROOT                        done / partial / failed cells, rows, errors
     xling models  tiny                            build the tiny offline test models
@@ -37,9 +38,13 @@ EXAMPLES = """examples:
 
 def stage_registry() -> dict:
     from xling.jobs.ingest import IngestStage
+    from xling.jobs.evaluate import EvaluateStage
+    from xling.jobs.index import IndexStage
+    from xling.jobs.retrieve import RetrieveStage
     from xling.jobs.translate import TranslateStage
 
-    return {"ingest": IngestStage, "translate": TranslateStage}
+    return {"ingest": IngestStage, "translate": TranslateStage, "index": IndexStage,
+            "retrieve": RetrieveStage, "evaluate": EvaluateStage}
 
 
 def _stage_args(p: argparse.ArgumentParser) -> None:
@@ -96,6 +101,68 @@ def build_parser() -> argparse.ArgumentParser:
 
 example:
   xling translate --config configs/demo.yaml translate.beam_size=2 translate.shards=32
+""")
+    _stage_args(p)
+    p = sub.add_parser(
+        "index", help="build BM25 (Lucene) and dense (BGE-M3) indexes, sharded and merged",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Index each collection x language (original documents, and the translate "
+                    "stage's document translations listed in `translated:`) with each engine. "
+                    "BM25: every shard is indexed by its own task with Anserini's analyzer for "
+                    "the language, then the shards are merged into one Lucene index in the run "
+                    "store (scores equal a single-index build). Dense: BGE-M3 embeddings, "
+                    "stored as shards and searched exactly.",
+        epilog="""settings (index.*, all overridable as KEY=VALUE):
+  collections       corpora (same fields as translate.documents) + original: true|false
+                    and translated: [langs] (needs the translate stage's DT)
+  engines           [bm25], [dense] or both                                   [[bm25]]
+  contents          title_text (title, newline, text) or text              [title_text]
+  bm25.store_raw / bm25.store_docvectors / bm25.optimize / bm25.threads / bm25.heap
+  dense.model       hub id, local path or tiny:bge_m3                    [tiny:bge_m3]
+  dense.max_length / dense.query_max_length   tokens (the papers use 512)       [512]
+  dense.sparse / dense.colbert   also store BGE-M3's lexical weights / ColBERT vectors
+  dense.fp16        half precision on CUDA                                     [false]
+  shards            shards per index cell (parallel indexing tasks)               [8]
+
+A language without a Lucene analyzer is indexed with the standard analyzer (a warning,
+and analyzer_fallback: true in the manifest).
+""")
+    _stage_args(p)
+    p = sub.add_parser(
+        "retrieve", help="first-stage runs (BM25, dense) in OG/QT/DT/BordIRLines modes, fusion",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Search each topic set x query language x document language with each "
+                    "run; queries are sharded over an actor pool of searchers. Output: hits "
+                    "rows (query_id, lang, doc_id, rank, score, doc_lang, system) and a TREC "
+                    "run file per cell. Fusions (RRF, interpolation) follow their runs.",
+        epilog="""settings (retrieve.*):
+  topics[]          name, format (tsv|clef|jsonl), path, langs (query languages),
+                    doc_langs (document languages; {doc_lang} in path/qrels), qrels,
+                    translations (the translate.topics entry holding their QT)
+  runs[]            name, engine (bm25|dense), collection, mode, k1 [0.9], b [0.4],
+                    weights (dense: {dense: 1, sparse: 0.3, colbert: 1}), merge
+  modes             og  original queries, original documents
+                    qt  queries translated into the document language (translate stage)
+                    dt  original queries, documents translated into the query language
+                    qlang | en | qlang_en | rel_langs | swap   BordIRLines: per-query
+                        language partitions (rel_langs: a rel_langs topic column)
+  fusion[]          name, runs, method (rrf|interpolate), k [60], depth [1000], weights
+  depth             hits kept per query                                           [100]
+""")
+    _stage_args(p)
+    p = sub.add_parser(
+        "evaluate", help="MAP, nDCG@k, R@k, MRR per query and averaged; oracle; t-tests; PRI",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Score every run of every topic set against its qrels (trec_eval "
+                    "conventions, checked against pytrec_eval): per-query and mean rows, the "
+                    "oracle 'glass ceiling' of each run's top-N, and for each comparison a "
+                    "paired t-test, PRI = s* - s1 and Realized % = (s2 - s1) / PRI x 100 "
+                    "(LLM-CLIR Eq. 1-2). Writes metrics Parquet and a markdown table.",
+        epilog="""settings (evaluate.*):
+  metrics           pytrec_eval names  [map, ndcg_cut_10, ndcg_cut_20, recall_100, recip_rank]
+  oracle_depth      top-N the oracle reorders                                     [100]
+  compare[]         {baseline: RUN, system: RUN}: t-test, PRI, Realized %
+  runs[]            TREC run files made elsewhere: {name, path, topics, qlang, doc_lang}
 """)
     _stage_args(p)
     p = sub.add_parser("report", help="write and print a summary of the run root")
@@ -171,16 +238,20 @@ def run_stages(cfg: XlingConfig, stages: list[str], args) -> int:
         if name != "report":
             registry[name]().cells(cfg)
     store.check()
-    for name in stages:
+    for i, name in enumerate(stages):
         if name != "report":
-            registry[name]().prepare(cfg, store)
-    if any(s != "report" for s in stages):
+            registry[name]().prepare(cfg, store, upstream=tuple(stages[:i]))
+    if any(s != "report" and not getattr(registry[s], "driver", False) for s in stages):
         init_ray(cfg, args.address)
     for name in stages:
         if name == "report":
             print(write_report(store))
+        elif getattr(registry[name], "driver", False):
+            registry[name]().run_driver(cfg, store, force=args.force)
         else:
-            runner.run(registry[name](), cfg)
+            stage = registry[name]()
+            runner.run(stage, cfg)
+            stage.after_run(cfg, runner)
     return 0
 
 

@@ -189,12 +189,210 @@ class IngestConfig(Strict):
     parallel: Parallelism = NoHash(Parallelism())
 
 
+# ---------------------------------------------------------------------------------------
+# index, retrieve, evaluate
+
+
+class IndexCollection(CorpusSpec):
+    """A corpus to index, in its original languages and/or its document translations (DT)."""
+
+    original: bool = Field(True, description="index the documents as they are (OG, QT)")
+    translated: list[str] = Field(
+        [], description="also index the translate stage's DT of these documents into these "
+                        "languages (needs a translate.documents entry of the same name)")
+
+    @field_validator("translated")
+    @classmethod
+    def _translated(cls, v: list[str]) -> list[str]:
+        return [_check_lang(c) for c in v]
+
+
+class BM25Index(Strict):
+    """Lucene index options (Anserini IndexCollection); they change the index, not scores."""
+
+    store_raw: bool = Field(False, description="-storeRaw: keep the JSON source in the index")
+    store_docvectors: bool = Field(False, description="-storeDocvectors (for RM3/feedback)")
+    optimize: bool = NoHash(False, description="merge the index into one segment (slower "
+                                               "build, slightly faster search; same scores)")
+    threads: int = NoHash(1, ge=1, description="IndexCollection threads per shard task")
+    heap: str | None = NoHash(None, description="JVM -Xmx for index/search workers, e.g. 4g")
+
+
+class DenseModel(Strict):
+    """BGE-M3 through FlagEmbedding's BGEM3FlagModel."""
+
+    model: str = Field("tiny:bge_m3", description="hub id, local path, or tiny:bge_m3")
+    max_length: int = Field(512, ge=8, description="passage max tokens (the papers use 512)")
+    query_max_length: int = Field(512, ge=8, description="query max tokens")
+    fp16: bool = Field(False, description="half precision (CUDA only; ignored on CPU)")
+    sparse: bool = Field(False, description="also store BGE-M3's sparse (lexical) weights")
+    colbert: bool = Field(False, description="also store BGE-M3's ColBERT vectors")
+    device: Literal["auto", "cpu", "cuda"] = NoHash("auto")
+    encode_batch_size: int = NoHash(32, ge=1, description="texts per model forward pass")
+    parallel: Parallelism = NoHash(Parallelism(batch_size=256))
+
+
+class IndexConfig(Strict):
+    """`index`: BM25 (Lucene, per-language analyzer) and/or dense (BGE-M3) indexes."""
+
+    collections: list[IndexCollection] = Field(min_length=1)
+    engines: list[Literal["bm25", "dense"]] = Field(["bm25"], min_length=1)
+    contents: Literal["title_text", "text"] = Field(
+        "title_text", description="what is indexed: title, newline, text (as pyserini's "
+                                  "Mr.TyDi/MIRACL/CIRAL indexes) or the text alone")
+    bm25: BM25Index = BM25Index()
+    dense: DenseModel = DenseModel()
+    shards: int = NoHash(8, ge=1, le=100_000, description="shards per index cell; each is "
+                                                          "indexed by its own task, then merged")
+    parallel: Parallelism = NoHash(Parallelism(batch_size=1024, num_cpus=0.5))
+
+    @model_validator(mode="after")
+    def _names(self) -> "IndexConfig":
+        names = [c.name for c in self.collections]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"collection names must be unique: {dup}")
+        for c in self.collections:
+            if not c.original and not c.translated:
+                raise ValueError(f"collection '{c.name}' indexes nothing: set original: true "
+                                 "or list `translated:` languages")
+        return self
+
+
+MODES = ("og", "qt", "dt", "qlang", "rel_langs", "qlang_en", "en", "swap")
+
+
+class TopicSet(TopicSpec):
+    """Queries to search, with the document languages they are searched against."""
+
+    format: Literal["tsv", "clef", "jsonl"] = "tsv"
+    doc_langs: list[str] = Field(
+        min_length=1, description="document languages searched; `{doc_lang}` in `path` and "
+                                  "`qrels` is replaced by each (CIRAL: one topic file each)")
+    qrels: str | None = Field(None, description="TREC qrels file for `evaluate`; `{doc_lang}` "
+                                                 "and `{lang}` are replaced")
+    translations: str | None = Field(
+        None, description="name of the translate.topics entry holding this set's QT "
+                          "(default: this name); `{doc_lang}` is replaced")
+
+    @field_validator("doc_langs")
+    @classmethod
+    def _doc_langs(cls, v: list[str]) -> list[str]:
+        return [_check_lang(c) for c in v]
+
+
+class RunSpec(Strict):
+    """One first-stage system: an engine over an indexed collection, in a cross-lingual mode.
+
+    og: original queries against original documents; qt: queries translated into the
+    document language (translate stage) against original documents; dt: original queries
+    against the documents translated into the query language. BordIRLines' modes search
+    language partitions per query: qlang (the query's language), en, qlang_en (both),
+    rel_langs (the languages of the territory's claimants, a `rel_langs` topic column) and
+    swap (rel_langs without the query's own language).
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    engine: Literal["bm25", "dense"] = "bm25"
+    collection: str = Field(description="an index.collections name")
+    mode: Literal[MODES] = "og"  # type: ignore[valid-type]
+    k1: float = Field(0.9, gt=0, description="BM25 k1 (LLM-CLIR uses 0.9)")
+    b: float = Field(0.4, ge=0, le=1, description="BM25 b (LLM-CLIR uses 0.4)")
+    weights: dict[Literal["dense", "sparse", "colbert"], float] = Field(
+        {"dense": 1.0}, description="dense engine score weights; BordIRLines' M3 hybrid is "
+                                    "{dense: 1, sparse: 0.3, colbert: 1}")
+    merge: Literal["score", "interleave"] = Field(
+        "score", description="how per-partition hits of one query are merged (BordIRLines modes)")
+
+
+class FusionSpec(Strict):
+    """A run fused from other runs: RRF (k=60) or weighted score interpolation."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    runs: list[str] = Field(min_length=2)
+    method: Literal["rrf", "interpolate"] = "rrf"
+    k: int = Field(60, ge=0, description="RRF constant (Cormack et al. 2009)")
+    depth: int = Field(1000, ge=1, description="hits of each input run taken into the fusion")
+    weights: list[float] | None = Field(None, description="interpolate: one weight per run")
+    normalize: Literal["minmax", "none"] = "minmax"
+
+
+class RetrieveConfig(Strict):
+    """`retrieve`: first-stage runs (BM25, dense) in OG/QT/DT or BordIRLines modes, fusions."""
+
+    topics: list[TopicSet] = Field(min_length=1)
+    runs: list[RunSpec] = Field(min_length=1)
+    fusion: list[FusionSpec] = []
+    depth: int = Field(100, ge=1, le=10_000, description="hits kept per query")
+    shards: int = NoHash(4, ge=1, le=100_000, description="query shards per cell")
+    threads: int = NoHash(1, ge=1, description="Lucene search threads per actor")
+    parallel: Parallelism = NoHash(Parallelism(batch_size=64))
+
+    @model_validator(mode="after")
+    def _refs(self) -> "RetrieveConfig":
+        names = [r.name for r in [*self.runs, *self.fusion]]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"run and fusion names must be unique: {dup}")
+        known = {r.name for r in self.runs}
+        for f in self.fusion:
+            missing = [r for r in f.runs if r not in known]
+            if missing:
+                raise ValueError(f"fusion '{f.name}' fuses unknown runs {missing}; "
+                                 f"known runs: {sorted(known)}")
+            if f.weights is not None and len(f.weights) != len(f.runs):
+                raise ValueError(f"fusion '{f.name}': {len(f.weights)} weights for "
+                                 f"{len(f.runs)} runs")
+        return self
+
+
+class Comparison(Strict):
+    """A paired comparison: t-test, and PRI / Realized % against the baseline's oracle."""
+
+    baseline: str
+    system: str
+
+
+class ExternalRun(Strict):
+    """A TREC run file made elsewhere, evaluated beside xling's runs."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+    path: str
+    topics: str = Field(description="the retrieve.topics set it answers")
+    qlang: str | None = None
+    doc_lang: str | None = None
+
+
+class EvaluateConfig(Strict):
+    """`evaluate`: trec_eval-convention metrics per query and averaged, oracle, t-tests."""
+
+    runs: list[ExternalRun] = []
+
+    metrics: list[str] = Field(
+        ["map", "ndcg_cut_10", "ndcg_cut_20", "recall_100", "recip_rank"],
+        description="pytrec_eval names: map, ndcg_cut_K, recall_K, P_K, recip_rank")
+    oracle_depth: int = Field(100, ge=1, description="glass ceiling: relevant docs in the "
+                                                     "top-N moved to the top")
+    compare: list[Comparison] = []
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, v: list[str]) -> list[str]:
+        import re
+
+        for m in v:
+            if not re.fullmatch(r"map|recip_rank|(ndcg_cut|recall|P|map_cut)_\d+", m):
+                raise ValueError(f"unknown metric {m!r}: use map, recip_rank, ndcg_cut_K, "
+                                 "recall_K, P_K or map_cut_K")
+        return v
+
+
 class RayConfig(Strict):
     address: str | None = NoHash(None, description="ray://, host:port or auto; RAY_ADDRESS wins")
     num_cpus: int | None = NoHash(None, ge=1, description="local mode only")
 
 
-STAGE_ORDER = ("ingest", "translate", "report")
+STAGE_ORDER = ("ingest", "translate", "index", "retrieve", "evaluate", "report")
 
 
 class XlingConfig(Strict):
@@ -202,12 +400,15 @@ class XlingConfig(Strict):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     run_root: str | None = NoHash(None, description="local path or s3://bucket/prefix")
-    stages: list[Literal["ingest", "translate", "report"]] | None = NoHash(
+    stages: list[Literal[STAGE_ORDER]] | None = NoHash(  # type: ignore[valid-type]
         None, description="stages `xling run` runs, in order (default: every stage with a "
                           "section, then report)")
     ray: RayConfig = NoHash(RayConfig())
     ingest: IngestConfig | None = None
     translate: TranslateConfig | None = None
+    index: IndexConfig | None = None
+    retrieve: RetrieveConfig | None = None
+    evaluate: EvaluateConfig | None = None
 
     @model_validator(mode="after")
     def _defaults(self) -> "XlingConfig":
@@ -221,6 +422,66 @@ class XlingConfig(Strict):
                 raise ValueError(
                     f"stage '{stage}' is listed in `stages` but has no `{stage}:` section"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _links(self) -> "XlingConfig":
+        """Cross-section references: runs -> index collections -> translations."""
+        tr = self.translate
+        if self.index is not None:
+            for i, c in enumerate(self.index.collections):
+                if not c.translated:
+                    continue
+                src = next((d for d in (tr.documents if tr else []) if d.name == c.name), None)
+                gaps = [(l, t) for l in c.langs for t in c.translated
+                        if src is None or l not in src.langs or t not in src.targets]
+                if gaps:
+                    raise ValueError(
+                        f"index.collections[{i}] ('{c.name}') indexes document translations "
+                        f"{', '.join(f'{l}->{t}' for l, t in gaps)} that the translate stage does "
+                        f"not make: add a translate.documents entry named '{c.name}' with those "
+                        "langs and targets, and run the translate stage first")
+        r = self.retrieve
+        if r is None:
+            return self
+        if self.index is None:
+            raise ValueError("retrieve searches index.collections: add an `index:` section")
+        cols = {c.name: c for c in self.index.collections}
+        for i, run in enumerate(r.runs):
+            where = f"retrieve.runs[{i}] ('{run.name}')"
+            col = cols.get(run.collection)
+            if col is None:
+                raise ValueError(f"{where}: unknown collection '{run.collection}'; "
+                                 f"index.collections has {sorted(cols)}")
+            if run.engine not in self.index.engines:
+                raise ValueError(f"{where}: engine '{run.engine}' is not built; add it to "
+                                 f"index.engines (now {self.index.engines})")
+            if run.mode not in ("og", "qt", "dt"):
+                continue
+            for ts in r.topics:
+                for ql in ts.langs:
+                    for dl in ts.doc_langs:
+                        if dl not in col.langs:
+                            raise ValueError(f"{where}: topics '{ts.name}' search {dl} documents "
+                                             f"but collection '{col.name}' has langs {col.langs}")
+                        if run.mode in ("og", "qt") and not col.original:
+                            raise ValueError(f"{where}: mode {run.mode} searches the original "
+                                             f"documents; set original: true on '{col.name}'")
+                        if run.mode == "dt" and ql not in col.translated:
+                            raise ValueError(
+                                f"{where}: mode dt needs the {dl} documents of '{col.name}' "
+                                f"translated into {ql} (the translate stage's DT): add {ql} to "
+                                f"index.collections '{col.name}' translated: and to its "
+                                "translate.documents targets")
+                        if run.mode == "qt" and ql != dl:
+                            name = (ts.translations or ts.name).replace("{doc_lang}", dl)
+                            spec = next((t for t in (tr.topics if tr else [])
+                                         if t.name == name), None)
+                            if spec is None or ql not in spec.langs or dl not in spec.targets:
+                                raise ValueError(
+                                    f"{where}: mode qt needs topics '{ts.name}' translated "
+                                    f"{ql}->{dl} by the translate stage: add a translate.topics "
+                                    f"entry named '{name}' with langs [{ql}] and targets [{dl}]")
         return self
 
 

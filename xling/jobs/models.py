@@ -7,7 +7,6 @@ offline tests and the demo.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from xling.jobs.config import ConfigError
@@ -100,29 +99,4 @@ def prepare_ct2_model(name: str, quantization: str, store, *, key: str = "transl
 
 def fetch_ct2_model(store, rel: str) -> str:
     """A local directory holding the store's copy of a converted model (cached per node)."""
-    import hashlib
-    import os
-    import shutil
-    import uuid
-
-    if not store.is_s3:
-        return store.key(rel)
-    marker = store.read_json(f"{rel}/{CT2_MARKER}")
-    cache = Path(os.environ.get("XLING_CACHE", ".xling-cache")).resolve() / "models" / "store"
-    dest = cache / hashlib.sha256(store.url(rel).encode()).hexdigest()[:16]
-    try:
-        if json.loads((dest / CT2_MARKER).read_text()) == marker:
-            return str(dest)
-    except (OSError, ValueError):
-        pass
-    tmp = cache / f".tmp-{uuid.uuid4().hex}"
-    tmp.mkdir(parents=True)
-    for name in marker["files"]:
-        (tmp / name).write_bytes(store.read_bytes(f"{rel}/{name}"))
-    (tmp / CT2_MARKER).write_text(json.dumps(marker))
-    shutil.rmtree(dest, ignore_errors=True)
-    try:
-        os.replace(tmp, dest)  # another actor on this node may have won the race: fine
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(dest)
+    return store.fetch_tree(rel, CT2_MARKER)

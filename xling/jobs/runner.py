@@ -167,8 +167,20 @@ class Stage(ABC):
         """Cells with the same group share one pipeline (and its actor pools)."""
         return ""
 
-    def prepare(self, cfg: XlingConfig, store: RunStore) -> None:
-        """Driver-side work before Ray starts (e.g. converting a model into the store)."""
+    def prepare(self, cfg: XlingConfig, store: RunStore, upstream: tuple[str, ...] = ()) -> None:
+        """Driver-side work before Ray starts (e.g. converting a model into the store).
+
+        `upstream` names the stages that run before this one in the same invocation, so a
+        missing input they will make is not an error yet.
+        """
+
+    def after_run(self, cfg: XlingConfig, runner: "Runner") -> None:
+        """Runs after every cell of the stage is done (e.g. fusions of the stage's runs)."""
+
+    def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
+        """Work on a cell's committed shards before it is marked done (e.g. merging a
+        Lucene index); what it returns goes into the manifest."""
+        return {}
 
 
 class StageFailed(RuntimeError):
@@ -259,7 +271,7 @@ class Runner:
         for cell in ready:
             if cell.id not in reports:
                 try:
-                    reports[cell.id] = self._finish(stage, cell, inputs[cell.id], t0)
+                    reports[cell.id] = self._finish(stage, cell, inputs[cell.id], t0, cfg)
                 except Exception as e:
                     self._fail(stage, cell, e, reports)
         ordered = [reports[c.id] for c in cells]
@@ -457,12 +469,14 @@ class Runner:
             "started_at": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(),
             "committed_at": now(), "seconds": round(time.time() - started, 3)})
 
-    def _finish(self, stage: Stage, cell: Cell, inputs: dict, t0: float) -> CellReport:
+    def _finish(self, stage: Stage, cell: Cell, inputs: dict, t0: float,
+                cfg: XlingConfig) -> CellReport:
         store, d = self.store, cell.dir
         markers = committed_shards(store, d)
         missing = [s for s in range(cell.n_shards) if s not in markers]
         if missing:
             raise StageFailed(f"{cell.id}: shards {missing[:10]} have no output after the run")
+        extra = stage.finalize(cell, cfg, store)
         rows = sum(m["rows"] for m in markers.values())
         errors = sum(m["errors"] for m in markers.values())
         manifest = {
@@ -482,6 +496,7 @@ class Runner:
                         "last_commit": max(m["committed_at"] for m in markers.values()),
                         "this_run_seconds": round(time.time() - t0, 3)},
             "finished_at": now(),
+            **extra,
         }
         store.delete_tree(f"{d}/_tmp")
         store.delete(f"{d}/_failed.json")

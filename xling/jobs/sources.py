@@ -28,7 +28,8 @@ DOCUMENTS = pa.schema([("doc_id", pa.string()), ("lang", pa.string()), ("title",
                        ("error", pa.string())])
 QUERIES = pa.schema([("query_id", pa.string()), ("lang", pa.string()), ("text", pa.string()),
                      ("title", pa.string()), ("desc", pa.string()), ("narr", pa.string()),
-                     ("source", pa.string()), ("error", pa.string())])
+                     ("rel_langs", pa.list_(pa.string())), ("source", pa.string()),
+                     ("error", pa.string())])
 
 
 def _split_glob(uri: str) -> tuple[str, str]:
@@ -108,13 +109,17 @@ def _read_document_files(batch: pa.Table, *, spec: dict, lang: str):
 
 
 def _read_topic_files(batch: pa.Table, *, spec: dict, lang: str):
-    from xling.tasks.topics import iter_clef_topics, iter_tsv_topics
+    from xling.tasks.topics import iter_clef_topics, iter_jsonl_topics, iter_tsv_topics
 
     for path in batch["path"].to_pylist():
         with _open(path) as f:
-            rows = (iter_clef_topics(f, lang=lang, fields=tuple(spec["fields"]),
-                                     encoding=spec["encoding"])
-                    if spec["format"] == "clef" else iter_tsv_topics(f, lang=lang))
+            if spec["format"] == "clef":
+                rows = iter_clef_topics(f, lang=lang, fields=tuple(spec["fields"]),
+                                        encoding=spec["encoding"])
+            elif spec["format"] == "jsonl":
+                rows = iter_jsonl_topics(f, lang=lang)
+            else:
+                rows = iter_tsv_topics(f, lang=lang)
             yield from _blocks(({**r, "source": spec["name"]} for r in rows), QUERIES)
 
 

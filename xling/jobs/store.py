@@ -11,6 +11,7 @@ Paths given to a RunStore are always relative to the run root and use "/".
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -295,6 +296,49 @@ class RunStore:
         else:
             Path(self.key(dst)).parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.key(src), self.key(dst))
+
+    # ---- folders (model conversions, Lucene indexes) -------------------------------
+    def upload_tree(self, local: str | Path, rel: str, marker: str, info: dict) -> dict:
+        """Copy a local folder to `rel`, then write `rel/marker` (info + file list) last.
+
+        A reader trusts a folder only once its marker exists, so a killed upload is redone.
+        """
+        local = Path(local)
+        files = sorted(str(p.relative_to(local)).replace(os.sep, "/") for p in local.rglob("*")
+                       if p.is_file() and p.name != "write.lock")
+        for name in files:
+            self.write_bytes(f"{rel}/{name}", (local / name).read_bytes())
+        info = {**info, "files": files}
+        self.write_json(f"{rel}/{marker}", info)
+        return info
+
+    def fetch_tree(self, rel: str, marker: str) -> str:
+        """A local folder holding the store's copy of `rel` (cached per node by its marker).
+
+        A local run root is used in place. From S3 the files are copied once into
+        $XLING_CACHE/store/<hash> and reused while the marker is unchanged.
+        """
+        if not self.is_s3:
+            return self.key(rel)
+        info = self.read_json(f"{rel}/{marker}")
+        cache = Path(os.environ.get("XLING_CACHE", ".xling-cache")).resolve() / "store"
+        dest = cache / hashlib.sha256(self.url(rel).encode()).hexdigest()[:16]
+        try:
+            if json.loads((dest / marker).read_text()) == info:
+                return str(dest)
+        except (OSError, ValueError):
+            pass
+        tmp = cache / f".tmp-{uuid.uuid4().hex}"
+        for name in info["files"]:
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_bytes(self.read_bytes(f"{rel}/{name}"))
+        (tmp / marker).write_text(json.dumps(info))
+        shutil.rmtree(dest, ignore_errors=True)
+        try:
+            os.replace(tmp, dest)  # another actor on this node may have won the race: fine
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return str(dest)
 
     # ---- parquet -------------------------------------------------------------------
     def write_parquet(self, rel: str, table: pa.Table) -> None:

@@ -91,7 +91,7 @@ class TranslateStage(Stage):
             ds = read_queries(spec, src, cell.inputs)
         return ds.map_batches(_to_input, fn_kwargs={"kind": kind}, batch_format="pyarrow")
 
-    def prepare(self, cfg: XlingConfig, store: RunStore) -> None:
+    def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         # Convert before Ray starts: a model that cannot be loaded stops the job here.
         prepare_ct2_model(cfg.translate.model, cfg.translate.quantization, store)
 

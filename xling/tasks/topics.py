@@ -22,6 +22,7 @@ evaluation, not shift its numbers).
 from __future__ import annotations
 
 import hashlib
+import json
 import html
 import re
 from collections.abc import Iterator
@@ -65,6 +66,42 @@ def iter_tsv_topics(stream: IO, *, lang: str) -> Iterator[dict[str, Any]]:
             row["query_id"] = _bad_id(raw)
         yield row
 
+
+
+def iter_jsonl_topics(stream: IO, *, lang: str) -> Iterator[dict[str, Any]]:
+    """JSON lines `{"query_id", "text"[, "lang", "rel_langs"]}` -> queries rows.
+
+    `qid`/`id` and `query`/`query_text` are accepted for the id and text; `rel_langs` (a
+    list of language codes, e.g. the languages of a disputed territory's claimants) is what
+    BordIRLines' rel_langs and swap retrieval modes search. A bad line is an error row.
+    """
+    for n, raw in enumerate(iter_lines(stream), 1):
+        line, error = _decode(raw, f"line {n}")
+        if line is not None and not line.strip():
+            continue
+        row = {"query_id": None, "lang": lang, "text": None, "rel_langs": None, "error": error}
+        if line is not None:
+            try:
+                obj = json.loads(line)
+                if not isinstance(obj, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as e:
+                row["error"] = f"line {n} is not a JSON object: {e}"
+                obj = None
+            if obj is not None:
+                qid = next((obj[k] for k in ("query_id", "qid", "id") if obj.get(k) is not None), None)
+                text = next((obj[k] for k in ("text", "query", "query_text") if obj.get(k)), None)
+                rel = obj.get("rel_langs")
+                row.update(query_id=None if qid is None else str(qid), lang=obj.get("lang") or lang,
+                           text=text.strip() if isinstance(text, str) and text.strip() else None,
+                           rel_langs=[str(x) for x in rel] if isinstance(rel, list) else None)
+                if qid is None:
+                    row["error"] = f"line {n} has no query_id"
+                elif row["text"] is None:
+                    row["error"] = "empty query text"
+        if row["query_id"] is None:
+            row["query_id"] = _bad_id(raw)
+        yield row
 
 # CLEF: `<num> C141 </num>`, `<DE-title> … </DE-title>`; also `<title>`, and the unclosed
 # TREC style (`<num> Number: 401`, `<desc> Description:`).

