@@ -296,6 +296,7 @@ class RunSpec(Strict):
     engine: Literal["bm25", "dense"] = "bm25"
     collection: str = Field(description="an index.collections name")
     mode: Literal[MODES] = "og"  # type: ignore[valid-type]
+    topics: list[str] | None = Field(None, description="the topic sets it searches (default: all)")
     k1: float = Field(0.9, gt=0, description="BM25 k1 (LLM-CLIR uses 0.9)")
     b: float = Field(0.4, ge=0, le=1, description="BM25 b (LLM-CLIR uses 0.4)")
     weights: dict[Literal["dense", "sparse", "colbert"], float] = Field(
@@ -335,6 +336,12 @@ class RetrieveConfig(Strict):
         if dup:
             raise ValueError(f"run and fusion names must be unique: {dup}")
         known = {r.name for r in self.runs}
+        sets = {t.name for t in self.topics}
+        for r in self.runs:
+            unknown = sorted(set(r.topics or []) - sets)
+            if unknown:
+                raise ValueError(f"run '{r.name}' names unknown topic sets {unknown}; "
+                                 f"known: {sorted(sets)}")
         for f in self.fusion:
             missing = [r for r in f.runs if r not in known]
             if missing:
@@ -459,6 +466,8 @@ class XlingConfig(Strict):
             if run.mode not in ("og", "qt", "dt"):
                 continue
             for ts in r.topics:
+                if run.topics is not None and ts.name not in run.topics:
+                    continue
                 for ql in ts.langs:
                     for dl in ts.doc_langs:
                         if dl not in col.langs:

@@ -20,6 +20,7 @@ manifest records `analyzer` and `analyzer_fallback`, and the run says so.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
@@ -254,14 +255,13 @@ def _build_shard(store_uri: str, cell_dir: str, shard: int, analyzer: str, setti
         store.write_json(f"{rel}/{LUCENE_MARKER}", {**info, "files": []})
         return info
     start_jvm(heap)
-    with tempfile.TemporaryDirectory(prefix="xling-shard-") as tmp:
-        out = os.path.join(tmp, "index")
+    with _output_dir(store, rel) as out:
         stats = index_rows(zip(ok["doc_id"].to_pylist(), ok["contents"].to_pylist()), out,
                            analyzer, **settings)
         if stats["documents"] != ok.num_rows:
             raise RuntimeError(f"shard {shard}: Lucene indexed {stats['documents']} of "
                                f"{ok.num_rows} documents")
-        marker = store.upload_tree(out, rel, LUCENE_MARKER, {**info, **stats})
+        marker = _commit_dir(store, out, rel, {**info, **stats})
     return {k: v for k, v in marker.items() if k != "files"}
 
 
@@ -272,12 +272,32 @@ def _merge_shards(store_uri: str, cell_dir: str, shards: list[int], analyzer: st
     start_jvm(heap)
     store = RunStore(store_uri)
     local = [store.fetch_tree(_shard_rel(cell_dir, s), LUCENE_MARKER) for s in shards]
-    with tempfile.TemporaryDirectory(prefix="xling-merge-") as tmp:
-        out = os.path.join(tmp, "index")
+    rel = f"{cell_dir}/{INDEX_DIR}"
+    with _output_dir(store, rel) as out:
         stats = merge_indexes(local, out, optimize=optimize)
-        marker = store.upload_tree(out, f"{cell_dir}/{INDEX_DIR}", LUCENE_MARKER,
-                                   {"shards": shards, "analyzer": analyzer, **stats})
+        marker = _commit_dir(store, out, rel, {"shards": shards, "analyzer": analyzer, **stats})
     # The merged index holds everything: drop the per-shard copies.
     for s in shards:
         store.delete_tree(_shard_rel(cell_dir, s))
     return {k: v for k, v in marker.items() if k != "files"}
+
+
+@contextlib.contextmanager
+def _output_dir(store: RunStore, rel: str):
+    """Where Lucene writes: the store's folder itself when it is local (no copy), else a
+    temporary folder that `_commit_dir` uploads. Leftovers of a killed build are removed."""
+    if store.is_s3:
+        with tempfile.TemporaryDirectory(prefix="xling-lucene-") as tmp:
+            yield os.path.join(tmp, "index")
+    else:
+        store.delete_tree(rel)
+        yield store.key(rel)
+
+
+def _commit_dir(store: RunStore, local: str, rel: str, info: dict) -> dict:
+    if store.is_s3:
+        return store.upload_tree(local, rel, LUCENE_MARKER, info)
+    files = sorted(f for f in os.listdir(local) if f != "write.lock")
+    info = {**info, "files": files}
+    store.write_json(f"{rel}/{LUCENE_MARKER}", info)  # last: the folder is complete
+    return info

@@ -67,6 +67,8 @@ def run_cells(cfg: XlingConfig) -> list[Cell]:
         topics = {k: v for k, v in hashable(ts).items() if k not in ("langs", "doc_langs")}
         for ql in ts.langs:
             for run in rc.runs:
+                if run.topics is not None and ts.name not in run.topics:
+                    continue
                 col = next(c for c in cfg.index.collections if c.name == run.collection)
                 bordir = run.mode not in ("og", "qt", "dt")
                 for dl in ([MULTI] if bordir else ts.doc_langs):

@@ -347,10 +347,27 @@ class RunStore:
         pq.write_table(table, self.fs_path(rel), filesystem=self.fs, compression="zstd")
 
     def read_parquet(self, rels: list[str] | str, columns: list[str] | None = None) -> pa.Table:
+        """Files concatenated; `columns` missing from a file (e.g. an empty shard's part,
+        which has only `error`) come back as nulls rather than failing the read."""
         rels = [rels] if isinstance(rels, str) else list(rels)
-        tables = [pq.read_table(self.fs_path(r), filesystem=self.fs, columns=columns) for r in rels]
+        tables = []
+        for r in rels:
+            if columns is None:
+                tables.append(pq.read_table(self.fs_path(r), filesystem=self.fs))
+                continue
+            f = pq.ParquetFile(self.fs_path(r), filesystem=self.fs)
+            have = [c for c in columns if c in f.schema_arrow.names]
+            t = f.read(columns=have)
+            if len(have) < len(columns):
+                if t.num_rows:
+                    for c in columns:
+                        if c not in have:
+                            t = t.append_column(c, pa.nulls(t.num_rows))
+                else:
+                    continue  # an empty file says nothing about types
+            tables.append(t.select(columns))
         if not tables:
-            return pa.table({})
+            return pa.table({c: pa.array([], pa.string()) for c in columns or []})
         return pa.concat_tables(tables, promote_options="default")
 
     def parquet_rows(self, rel: str) -> int:

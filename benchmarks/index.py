@@ -1,0 +1,155 @@
+"""Throughput of the `index` and `retrieve` stages (BM25) against bare pyserini/Anserini.
+
+Corpus: documents drawn from the real vocabulary of the demo passages (data/demo: Mr.TyDi
+in 11 languages + NeuCLIR Russian), Zipf-distributed word choice, 60-200 words each, under
+the standard analyzer, so both sides index exactly the same texts. Queries: 3-8 words drawn
+the same way.
+
+Indexing:
+- bare: Anserini's IndexCollection (what `python -m pyserini.index.lucene` runs) with
+  --threads T over the corpus written as T*4 JsonCollection files (its threads work per
+  file), in a JVM that is already started;
+- xling: the whole `index` stage on local Ray (partition into shards, contents, per-shard
+  IndexCollection tasks with 1 thread each, T at a time, and the merge into one index in
+  the run store), from an already initialised Ray.
+
+Search: pyserini's `LuceneSearcher.batch_search` with T threads over all queries, against
+the `retrieve` stage (queries sharded over T BM25Searcher actors, each holding a searcher
+over the merged index) on the same index. Both return the top --depth hits.
+
+Reported: docs/s and queries/s for both, and the ratio xling / bare. Fixed costs (Ray Data
+pipeline start, actor start, JVM start in each worker) are included on xling's side.
+
+    .venv/bin/python benchmarks/index.py --docs 200000 --queries 20000 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def vocabulary() -> list[str]:
+    words: dict[str, int] = {}
+    files = sorted((ROOT / "data/demo/mrtydi").glob("*.jsonl.gz"))
+    lines = [l for f in files for l in gzip.open(f, "rt", encoding="utf-8")]
+    lines += list((ROOT / "data/demo/neuclir-rus.jsonl").open(encoding="utf-8"))
+    for line in lines:
+        for w in json.loads(line)["text"].split():
+            w = w.strip(".,;:()[]«»\"'!?")
+            if w:
+                words[w] = words.get(w, 0) + 1
+    return sorted(words, key=lambda w: (-words[w], w))
+
+
+def texts(n: int, lo: int, hi: int, vocab: list[str], seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    ranks = np.minimum(rng.zipf(1.3, size=n * hi), len(vocab)) - 1
+    lengths = rng.integers(lo, hi + 1, size=n)
+    out, pos = [], 0
+    for length in lengths:
+        out.append(" ".join(vocab[r] for r in ranks[pos:pos + length]))
+        pos += length
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--docs", type=int, default=200_000)
+    ap.add_argument("--queries", type=int, default=20_000)
+    ap.add_argument("--threads", type=int, default=2, help="indexing/search threads (= CPUs)")
+    ap.add_argument("--shards", type=int, default=0, help="xling index shards (default 4x threads)")
+    ap.add_argument("--depth", type=int, default=100)
+    args = ap.parse_args()
+    shards = args.shards or 4 * args.threads
+
+    import ray
+
+    from xling.actors.lucene import STANDARD, index_collection, open_searcher, start_jvm, \
+        write_json_collection
+    from xling.jobs.config import validate_config
+    from xling.jobs.runner import Runner
+    from xling.jobs.store import RunStore
+
+    vocab = vocabulary()
+    docs = texts(args.docs, 60, 200, vocab, seed=1)
+    queries = texts(args.queries, 3, 8, vocab, seed=2)
+    tmp = Path(tempfile.mkdtemp(prefix="xling-bench-index-"))
+    print(f"corpus: {len(docs)} docs ({sum(len(d.split()) for d in docs) / len(docs):.0f} words "
+          f"avg, {len(vocab)} word types), {len(queries)} queries, threads {args.threads}, "
+          f"xling shards {shards}")
+
+    # ---- bare Anserini ---------------------------------------------------------------
+    start_jvm()
+    write_json_collection(((f"d{i}", t) for i, t in enumerate(docs)), str(tmp / "coll"),
+                          per_file=-(-len(docs) // (4 * args.threads)))
+    t = time.perf_counter()
+    index_collection(str(tmp / "coll"), str(tmp / "bare-index"), STANDARD,
+                     threads=args.threads, store_raw=False, store_docvectors=False)
+    bare_index_s = time.perf_counter() - t
+    searcher = open_searcher(str(tmp / "bare-index"), STANDARD, 0.9, 0.4)
+    qids = [f"q{i}" for i in range(len(queries))]
+    t = time.perf_counter()
+    bare_hits = searcher.batch_search(queries, qids, k=args.depth, threads=args.threads)
+    bare_search_s = time.perf_counter() - t
+    n_bare_hits = sum(len(v) for v in bare_hits.values())
+
+    # ---- xling -------------------------------------------------------------------------
+    with gzip.open(tmp / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i, text in enumerate(docs):
+            f.write(json.dumps({"docid": f"d{i}", "title": "", "text": text}) + "\n")
+    (tmp / "topics.tsv").write_text("".join(f"{q}\t{t}\n" for q, t in zip(qids, queries)))
+    cfg = validate_config({
+        "name": "bench", "run_root": str(tmp / "run"),
+        "index": {"engines": ["bm25"], "contents": "text", "shards": shards,
+                  "collections": [{"name": "c", "format": "mrtydi",
+                                   "path": str(tmp / "corpus.jsonl.gz"), "langs": ["el"]}],
+                  "parallel": {"batch_size": 4096, "num_cpus": 0.5}},
+        "retrieve": {"depth": args.depth, "shards": 4 * args.threads,
+                     "topics": [{"name": "q", "path": str(tmp / "topics.tsv"), "langs": ["el"],
+                                 "doc_langs": ["el"]}],
+                     "runs": [{"name": "bm25", "collection": "c"}],
+                     "parallel": {"concurrency": [args.threads, args.threads],
+                                  "batch_size": 1024, "num_cpus": 1}}})
+    ray.init(num_cpus=args.threads, include_dashboard=False, logging_level=logging.WARNING)
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    from xling.jobs.index import IndexStage
+    from xling.jobs.retrieve import RetrieveStage
+
+    store = RunStore(cfg.run_root)
+    runner = Runner(store, progress=False, log=lambda *_: None)
+    t = time.perf_counter()
+    runner.run(IndexStage(), cfg)
+    xling_index_s = time.perf_counter() - t
+    t = time.perf_counter()
+    runner.run(RetrieveStage(), cfg)
+    xling_search_s = time.perf_counter() - t
+    [rcell] = store.list_dirs("retrieve")
+    n_xling_hits = store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]
+
+    # Greek ("el") has no Anserini analyzer: both sides used the standard analyzer.
+    rows = [("indexing", "docs/s", len(docs) / bare_index_s, len(docs) / xling_index_s),
+            ("search", "queries/s", len(queries) / bare_search_s, len(queries) / xling_search_s)]
+    print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
+    print(f"{'':10s} {'unit':10s} {'bare':>12s} {'xling':>12s} {'ratio':>7s}")
+    for name, unit, bare, ours in rows:
+        print(f"{name:10s} {unit:10s} {bare:12.1f} {ours:12.1f} {ours / bare:7.2f}")
+    print(f"seconds: bare index {bare_index_s:.1f}, xling index {xling_index_s:.1f}; "
+          f"bare search {bare_search_s:.1f}, xling search {xling_search_s:.1f}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    main()

@@ -1,0 +1,145 @@
+"""Dense (BGE-M3) first-stage retrieval for Ray Data: embed queries, search shards exactly.
+
+The actor holds one BGE-M3 model (`actors.embedder.M3Embedder`) and, per index location, the
+embedding shards loaded once (a few locations cached per actor). Each query row names its
+partitions (index locations); for each, every shard is searched exactly (FAISS flat inner
+product, or the weighted dense + sparse + ColBERT hybrid of BGE-M3 scored against every
+document of the shard) and the per-shard top-k lists are merged exactly
+(`actors.dense_search`); partitions are then merged per query (`actors.hits`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow as pa
+
+
+class DenseRetriever:
+    """Ray Data actor. Input rows: `query_id`, `text`, `partitions`, `partition_langs`,
+    optional weights `w_dense`, `w_sparse`, `w_colbert`. Output: one row per hit (`doc_id`,
+    `rank`, `score`, `doc_lang`) with the input's other columns; failures are error rows.
+
+    `load(location)` returns the shards of an index location as a list of pyarrow tables
+    with `doc_id`, `dense` and, when built, `sparse_ids`, `sparse_weights`, `colbert`,
+    `colbert_len` (rows with an `error` are left out by the loader).
+    """
+
+    def __init__(self, embedder: dict, load, k: int = 100, merge: str = "score",
+                 max_open: int = 4):
+        from xling.actors.embedder import M3Embedder
+
+        self.k, self.merge, self.load, self.max_open = k, merge, load, max_open
+        self.embedder_kwargs = dict(embedder)
+        self.embedders: dict[tuple, M3Embedder] = {}
+        self.indexes: OrderedDict = OrderedDict()
+        self._embedder(sparse=False, colbert=False)  # load the model now, not on first batch
+
+    def _embedder(self, sparse: bool, colbert: bool):
+        from xling.actors.embedder import M3Embedder
+
+        key = (sparse, colbert)
+        if key not in self.embedders:
+            base = next(iter(self.embedders.values()), None)
+            kw = {**self.embedder_kwargs, "sparse": sparse, "colbert": colbert,
+                  "text_column": "text"}
+            if base is not None and hasattr(base, "with_outputs"):
+                self.embedders[key] = base.with_outputs(sparse=sparse, colbert=colbert)
+            else:
+                self.embedders[key] = M3Embedder(**kw)
+        return self.embedders[key]
+
+    def shards(self, location: str) -> list[dict]:
+        if location not in self.indexes:
+            if len(self.indexes) >= self.max_open:
+                self.indexes.popitem(last=False)
+            self.indexes[location] = [_arrays(t) for t in self.load(location) if t.num_rows]
+        self.indexes.move_to_end(location)
+        return self.indexes[location]
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from xling.actors.dense_search import hybrid_topk, merge_topk, search_shard
+        from xling.actors.hits import merge_partitions
+
+        n = batch.num_rows
+        cols = batch.to_pydict()
+        weights = [{k: float((cols.get(f"w_{k}") or [1.0 if k == "dense" else 0.0] * n)[i])
+                    for k in ("dense", "sparse", "colbert")} for i in range(n)]
+        need_sparse = any(w["sparse"] for w in weights)
+        need_colbert = any(w["colbert"] for w in weights)
+        emb = self._embedder(need_sparse, need_colbert)(
+            batch.select(["text"]).append_column("error", batch["error"]))
+        q = _arrays(emb.append_column("doc_id", pa.array([str(i) for i in range(n)])),
+                    keep_nulls=True)
+        errors = emb["error"].to_pylist()
+        found: list[list] = [[] for _ in range(n)]
+        for i in range(n):
+            if errors[i] is None and not cols["partitions"][i]:
+                errors[i] = "no partition to search (no index for the query's languages)"
+            if errors[i] is not None:
+                continue
+            for location, plang in zip(cols["partitions"][i], cols["partition_langs"][i]):
+                try:
+                    shards = self.shards(location)
+                except Exception as e:  # an unreadable index: this query is an error row
+                    errors[i] = f"cannot load dense index {location}: {type(e).__name__}: {e}"
+                    break
+                parts = []
+                for sh in shards:
+                    if weights[i]["sparse"] or weights[i]["colbert"]:
+                        parts.append(hybrid_topk(_one(q, i), sh, weights[i], self.k))
+                    else:
+                        scores, ids = search_shard(q["dense"][i:i + 1], sh["ids"], sh["dense"],
+                                                   self.k)
+                        parts.append((scores, ids))
+                if not parts:
+                    found[i].append([])
+                    continue
+                scores, ids = merge_topk(parts, self.k)
+                found[i].append([(d, float(s), plang) for s, d in zip(scores[0], ids[0])])
+        drop = {"text", "error", "partitions", "analyzers", "partition_langs",
+                "w_dense", "w_sparse", "w_colbert"}
+        keep = [c for c in batch.column_names if c not in drop]
+        out: dict[str, list] = {c: [] for c in [*keep, "doc_id", "rank", "score", "doc_lang",
+                                                "error"]}
+        for i in range(n):
+            hits = [] if errors[i] else merge_partitions(found[i], self.k, self.merge)
+            for r, (doc, score, dl) in enumerate(hits or [(None, None, None)], 1):
+                for c in keep:
+                    out[c].append(cols[c][i])
+                out["doc_id"].append(doc)
+                out["rank"].append(r if doc is not None else None)
+                out["score"].append(score)
+                out["doc_lang"].append(dl)
+                out["error"].append(errors[i])
+        types = {"doc_id": pa.string(), "rank": pa.int32(), "score": pa.float64(),
+                 "doc_lang": pa.string(), "error": pa.string()}
+        return pa.table({c: pa.array(v, types.get(c) or batch.schema.field(c).type)
+                         for c, v in out.items()})
+
+
+def _arrays(t: pa.Table, keep_nulls: bool = False) -> dict:
+    """Embedding table -> numpy arrays (dense matrix; sparse dicts; ColBERT matrices)."""
+    if not keep_nulls and "error" in t.column_names:
+        t = t.filter(pa.compute.is_null(t["error"]))
+    dense = t["dense"]
+    dim = dense.type.list_size if pa.types.is_fixed_size_list(dense.type) else None
+    rows = dense.to_pylist()
+    dim = dim or next((len(r) for r in rows if r is not None), 0)
+    mat = np.zeros((len(rows), dim), dtype=np.float32)
+    for j, r in enumerate(rows):
+        if r is not None:
+            mat[j] = r
+    out = {"ids": t["doc_id"].to_pylist(), "dense": mat}
+    if "sparse_ids" in t.column_names:
+        out["sparse"] = [dict(zip(a or [], w or [])) for a, w in
+                         zip(t["sparse_ids"].to_pylist(), t["sparse_weights"].to_pylist())]
+    if "colbert" in t.column_names:
+        out["colbert"] = [None if v is None else np.asarray(v, np.float32).reshape(l, -1)
+                          for v, l in zip(t["colbert"].to_pylist(), t["colbert_len"].to_pylist())]
+    return out
+
+
+def _one(q: dict, i: int) -> dict:
+    return {k: (v[i:i + 1] if k == "dense" else v[i]) for k, v in q.items() if k != "ids"}
