@@ -60,7 +60,7 @@ class DenseRetriever:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from xling.actors.dense_search import hybrid_topk, merge_topk, search_shard
-        from xling.actors.hits import merge_partitions
+        from xling.actors.hits import hits_rows, merge_partitions
 
         n = batch.num_rows
         cols = batch.to_pydict()
@@ -100,23 +100,9 @@ class DenseRetriever:
                 found[i].append([(d, float(s), plang) for s, d in zip(scores[0], ids[0])])
         drop = {"text", "error", "partitions", "analyzers", "partition_langs",
                 "w_dense", "w_sparse", "w_colbert"}
-        keep = [c for c in batch.column_names if c not in drop]
-        out: dict[str, list] = {c: [] for c in [*keep, "doc_id", "rank", "score", "doc_lang",
-                                                "error"]}
-        for i in range(n):
-            hits = [] if errors[i] else merge_partitions(found[i], self.k, self.merge)
-            for r, (doc, score, dl) in enumerate(hits or [(None, None, None)], 1):
-                for c in keep:
-                    out[c].append(cols[c][i])
-                out["doc_id"].append(doc)
-                out["rank"].append(r if doc is not None else None)
-                out["score"].append(score)
-                out["doc_lang"].append(dl)
-                out["error"].append(errors[i])
-        types = {"doc_id": pa.string(), "rank": pa.int32(), "score": pa.float64(),
-                 "doc_lang": pa.string(), "error": pa.string()}
-        return pa.table({c: pa.array(v, types.get(c) or batch.schema.field(c).type)
-                         for c, v in out.items()})
+        merged = [[] if errors[i] else merge_partitions(found[i], self.k, self.merge)
+                  for i in range(n)]
+        return hits_rows(batch, drop, merged, errors)
 
 
 def _arrays(t: pa.Table, keep_nulls: bool = False) -> dict:

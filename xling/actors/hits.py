@@ -32,3 +32,31 @@ def merge_partitions(parts: list[list[tuple[str, float, str]]], k: int,
             if len(out) == k:
                 break
     return out
+
+
+def hits_rows(batch, drop: set[str], hits: list[list[tuple[str, float, str]]],
+              errors: list[str | None]):
+    """One output row per hit, carrying the input row's other columns (one row with null
+    hit fields, and the error if any, for a query without hits)."""
+    import numpy as np
+    import pyarrow as pa
+
+    counts = np.array([max(1, len(h)) if e is None else 1 for h, e in zip(hits, errors)])
+    take = np.repeat(np.arange(batch.num_rows), counts)
+    keep = batch.select([c for c in batch.column_names if c not in drop]).take(pa.array(take))
+    docs, scores, langs, ranks, errs = [], [], [], [], []
+    for h, e in zip(hits, errors):
+        if e is None and h:
+            docs += [x[0] for x in h]
+            scores += [x[1] for x in h]
+            langs += [x[2] for x in h]
+            ranks += range(1, len(h) + 1)
+            errs += [None] * len(h)
+        else:
+            docs.append(None), scores.append(None), langs.append(None), ranks.append(None)
+            errs.append(e)
+    return (keep.append_column("doc_id", pa.array(docs, pa.string()))
+            .append_column("rank", pa.array(ranks, pa.int32()))
+            .append_column("score", pa.array(scores, pa.float64()))
+            .append_column("doc_lang", pa.array(langs, pa.string()))
+            .append_column("error", pa.array(errs, pa.string())))

@@ -189,24 +189,56 @@ def index_stats(index_dir: str) -> dict:
 # searching
 
 
-def open_searcher(index_dir: str, language: str, k1: float, b: float):
-    """A pyserini LuceneSearcher with the analyzer the index was built with, and BM25(k1, b)."""
-    start_jvm()
-    from pyserini.search.lucene import LuceneSearcher
+class Searcher:
+    """Anserini's SimpleSearcher, called the way pyserini's LuceneSearcher calls it.
 
-    searcher = LuceneSearcher(index_dir)
+    LuceneSearcher is a thin wrapper over this Java class (`set_language`, `set_bm25`,
+    `batch_search` with Java lists); importing it pulls in `pyserini.search` and with it
+    torch and the dense encoders, ~14 s per actor on a small machine. The calls below are
+    LuceneSearcher's own, so results are identical (tests/test_bm25.py compares against
+    pyserini's command line).
+    """
+
+    def __init__(self, index_dir: str):
+        start_jvm()
+        from jnius import autoclass
+
+        self.object = autoclass("io.anserini.search.SimpleSearcher")(index_dir)
+        self._list = autoclass("java.util.ArrayList")
+
+    def search(self, q: str, k: int = 10):
+        return list(self.object.search(q, int(k)))
+
+    def batch_search(self, queries: list[str], qids: list[str], k: int = 10,
+                     threads: int = 1) -> dict:
+        jq, jids = self._list(), self._list()
+        for q in queries:
+            jq.add(q)
+        for q in qids:
+            jids.add(q)
+        results = self.object.batch_search(jq, jids, int(k), int(threads))
+        return {r.getKey(): r.getValue() for r in results.entrySet().toArray()}
+
+    def close(self) -> None:
+        self.object.close()
+
+
+def open_searcher(index_dir: str, language: str, k1: float, b: float) -> Searcher:
+    """A searcher with the analyzer the index was built with, and BM25(k1, b)."""
+    searcher = Searcher(index_dir)
     if language == STANDARD:
         from pyserini.analysis import get_lucene_analyzer
 
-        searcher.set_analyzer(get_lucene_analyzer(language="en", stemming=False, stopwords=False))
+        searcher.object.set_analyzer(
+            get_lucene_analyzer(language="en", stemming=False, stopwords=False))
     else:
         analyzer_args(language)  # raises for a language without an analyzer
-        searcher.set_language(language)
-    searcher.set_bm25(k1, b)
+        searcher.object.set_language(language)
+    searcher.object.set_bm25(float(k1), float(b))
     return searcher
 
 
-def analyze(searcher, text: str) -> list[str]:
+def analyze(searcher: Searcher, text: str) -> list[str]:
     """The tokens the searcher's analyzer makes of a query."""
     from jnius import autoclass
 
@@ -247,7 +279,7 @@ class BM25Searcher:
         return self.searchers[key]
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from xling.actors.hits import merge_partitions
+        from xling.actors.hits import hits_rows, merge_partitions
 
         cols = batch.to_pydict()
         n = batch.num_rows
@@ -290,23 +322,10 @@ class BM25Searcher:
             failed[i] = (f"query has no tokens after analysis ({', '.join(cols['analyzers'][i])}"
                          f" analyzer): {str(cols['text'][i])[:80]!r}")
         drop = {"text", "error", "partitions", "analyzers", "partition_langs"}
-        keep = [c for c in batch.column_names if c not in drop]
-        out: dict[str, list] = {c: [] for c in [*keep, "doc_id", "rank", "score", "doc_lang",
-                                                "error"]}
-        for i in range(n):
-            hits = [] if i in failed else merge_partitions(found[i], self.k, self.merge)
-            for r, (doc, score, dl) in enumerate(hits or [(None, None, None)], 1):
-                for c in keep:
-                    out[c].append(cols[c][i])
-                out["doc_id"].append(doc)
-                out["rank"].append(r if doc is not None else None)
-                out["score"].append(score)
-                out["doc_lang"].append(dl)
-                out["error"].append(failed.get(i))
-        types = {"doc_id": pa.string(), "rank": pa.int32(), "score": pa.float64(),
-                 "doc_lang": pa.string(), "error": pa.string()}
-        return pa.table({c: pa.array(v, types.get(c) or batch.schema.field(c).type)
-                         for c, v in out.items()})
+        errs = [failed.get(i) for i in range(n)]
+        merged = [[] if errs[i] else merge_partitions(found[i], self.k, self.merge)
+                  for i in range(n)]
+        return hits_rows(batch, drop, merged, errs)
 
 
 def _main(argv: list[str]) -> None:

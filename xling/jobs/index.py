@@ -192,20 +192,20 @@ def _translations_as_documents(batch: pa.Table) -> pa.Table:
 
 def _contents(batch: pa.Table, *, fields: str) -> pa.Table:
     """What gets indexed: title + newline + text (pyserini's Mr.TyDi/MIRACL/CIRAL layout)."""
-    titles, texts = batch["title"].to_pylist(), batch["text"].to_pylist()
-    errors = batch["error"].to_pylist()
-    contents, out_err = [], []
-    for title, text, err in zip(titles, texts, errors):
-        body = (text or "").strip()
-        if fields == "title_text" and title and title.strip():
-            body = f"{title.strip()}\n{body}" if body else title.strip()
-        if err is None and not body:
-            err = "empty document: nothing to index"
-        contents.append(body or None)
-        out_err.append(err)
+    text = pc.utf8_trim_whitespace(pc.fill_null(batch["text"], ""))
+    if fields == "title_text":
+        title = pc.utf8_trim_whitespace(pc.fill_null(batch["title"], ""))
+        joined = pc.binary_join_element_wise(title, text, "\n")
+        body = pc.if_else(pc.equal(title, ""), text,
+                          pc.if_else(pc.equal(text, ""), title, joined))
+    else:
+        body = text
+    empty = pc.equal(body, "")
+    error = pc.if_else(pc.and_(empty, pc.is_null(batch["error"])),
+                       pa.scalar("empty document: nothing to index"), batch["error"])
+    body = pc.if_else(empty, pa.scalar(None, pa.string()), body)
     keep = [c for c in batch.column_names if c != "error"]
-    return (batch.select(keep).append_column("contents", pa.array(contents, pa.string()))
-            .append_column("error", pa.array(out_err, pa.string())))
+    return batch.select(keep).append_column("contents", body).append_column("error", error)
 
 
 # ---------------------------------------------------------------------------------------

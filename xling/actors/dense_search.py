@@ -1,0 +1,227 @@
+"""Exact top-k search over embedding shards, and the exact merge of per-shard top-k lists.
+
+Pure functions on numpy arrays; the dense retriever calls them for every shard of an index
+and merges the results, so searching N shards gives what one search over all of them gives.
+
+Ranking rule (everywhere here): score descending, then doc id ascending (Python string
+order). It is a total order, and each shard returns exactly its first min(k, shard size)
+documents under it, so the merged top-k (the first k of the union, same order) is exactly
+the top-k of the whole collection: a document of the global top-k is among the first k of
+its own shard. Ties at the k boundary need nothing more: a tied document with a smaller id
+is ranked before the boundary in its shard too, and one with a larger id would lose globally
+as well. Doc ids are not de-duplicated (a flat search over the union does not either).
+
+Scores are float64 and computed per (query, document) pair, independent of the shard or the
+batch the pair is in: FAISS (`IndexFlatIP`, exact inner product over float32) chooses the
+candidates, and each candidate is re-scored as the float64 sum of its float32 products.
+FAISS's float32 scores are rounded, and may round differently with the code path (SIMD or
+BLAS) it picks for a shape, so near-ties (gaps of 1e-8 happen: the tiny test model's vectors
+are nearly parallel) could come out in one order in a shard and another in the whole; the
+re-score cannot. Candidates are fetched until the last one fetched is, even allowing for
+FAISS's rounding, strictly below the k-th re-scored one, so none outside can belong in.
+
+Hybrid (BGE-M3, as in BordIRLines with weights dense 1 / sparse 0.3 / ColBERT 1):
+`w_dense * dense + w_sparse * lexical + w_colbert * colbert`, scored against every document
+of a shard, where
+- dense is the inner product of the normalised vectors;
+- lexical is the sum over token ids in both texts of q_weight * d_weight
+  (`BGEM3FlagModel.compute_lexical_matching_score`);
+- colbert is the mean over the query's vectors of the best inner product with any of the
+  document's vectors (`BGEM3FlagModel.colbert_score`; the query's vectors are every token
+  after [CLS], </s> included).
+FlagEmbedding's `compute_score(...)["colbert+sparse+dense"]` is this sum divided by the sum
+of the weights (same ranking).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+_BLOCK = 4096  # rows per float64 re-score block: bounded memory on big shards
+
+
+def search_shard(queries: np.ndarray, doc_ids: Sequence[str], docs: np.ndarray, k: int,
+                 *, extra: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k inner-product search of one shard.
+
+    queries [nq, d] and docs [nd, d] (float32); doc_ids[j] names docs[j]. Returns scores
+    [nq, k'] float64 and ids [nq, k'] (object array of str), k' = min(k, nd), each row in
+    ranking-rule order. `extra` is how many candidates beyond k FAISS fetches at first.
+    """
+    import faiss
+
+    q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+    x = np.ascontiguousarray(docs, dtype=np.float32)
+    ids = np.asarray(list(doc_ids), dtype=object)
+    if x.size == 0:
+        x = x.reshape(0, q.shape[1])
+    if x.ndim != 2 or x.shape[0] != len(ids):
+        raise ValueError(f"docs {x.shape} do not match {len(ids)} doc ids")
+    nq, nd = q.shape[0], x.shape[0]
+    kk = max(0, min(int(k), nd))
+    if kk == 0 or nq == 0:
+        return np.zeros((nq, kk)), np.empty((nq, kk), dtype=object)
+    if q.shape[1] != x.shape[1]:
+        raise ValueError(f"query dim {q.shape[1]} != document dim {x.shape[1]}")
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
+    qnorms = np.linalg.norm(q.astype(np.float64), axis=1)
+    if not (np.isfinite(norms).all() and np.isfinite(qnorms).all()):
+        raise ValueError("non-finite values in the query or document vectors")
+    # A bound on |FAISS's float32 inner product - the exact one| (d roundings of at most
+    # |q||x| * 2^-24 each, doubled for safety); it decides when enough candidates are in.
+    tol = x.shape[1] * 2.0 ** -22 * qnorms * norms.max()
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    scores = np.zeros((nq, kk))
+    out_ids = np.empty((nq, kk), dtype=object)
+    todo, m = np.arange(nq), min(nd, kk + max(0, extra))
+    while todo.size:
+        found, cand = index.search(q[todo], m)
+        again = []
+        for row, i in enumerate(todo):
+            c = cand[row]
+            exact = _dots(x[c], q[i])
+            top = rank_topk(exact, ids[c], kk)
+            if m < nd and found[row, m - 1] + tol[i] >= exact[top[-1]]:
+                again.append(i)  # a document not fetched might still tie or beat the k-th
+                continue
+            scores[i], out_ids[i] = exact[top], ids[c][top]
+        todo, m = np.array(again, dtype=np.int64), min(nd, 2 * m)
+    return scores, out_ids
+
+
+def merge_topk(parts: Sequence[tuple[np.ndarray, np.ndarray]],
+               k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-shard (scores [nq, ki], ids [nq, ki]) -> the global top-k (scores, ids) [nq, k'].
+
+    k' = min(k, sum of ki). Exact when every part holds its shard's first min(k, shard size)
+    documents under the ranking rule (what `search_shard` and `hybrid_topk` return).
+    """
+    if not parts:
+        raise ValueError("merge_topk: no parts to merge")
+    scores = np.concatenate([np.atleast_2d(np.asarray(s, dtype=np.float64)) for s, _ in parts],
+                            axis=1)
+    ids = np.concatenate([np.atleast_2d(np.asarray(i, dtype=object)) for _, i in parts], axis=1)
+    if scores.shape != ids.shape:
+        raise ValueError(f"merge_topk: scores {scores.shape} and ids {ids.shape} differ")
+    kk = max(0, min(int(k), scores.shape[1]))
+    out_s = np.zeros((scores.shape[0], kk))
+    out_i = np.empty((scores.shape[0], kk), dtype=object)
+    for r in range(scores.shape[0]):
+        top = rank_topk(scores[r], ids[r], kk)
+        out_s[r], out_i[r] = scores[r][top], ids[r][top]
+    return out_s, out_i
+
+
+def rank_topk(scores: np.ndarray, ids: Sequence[str], k: int) -> np.ndarray:
+    """Positions of the first k of `scores` under the ranking rule, best first."""
+    n = len(scores)
+    k = max(0, min(int(k), n))
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    if k < n:
+        kth = np.partition(scores, n - k)[n - k]
+        keep = np.flatnonzero(scores >= kth)  # every score tied with the k-th, so ids decide
+    else:
+        keep = np.arange(n)
+    order = sorted(keep.tolist(), key=lambda j: (-scores[j], ids[j]))
+    return np.array(order[:k], dtype=np.int64)
+
+
+# ---- hybrid (dense + lexical + ColBERT) ----------------------------------------------------
+
+def hybrid_scores(q: Mapping, docs: Mapping, weights) -> np.ndarray:
+    """Hybrid score of one query against every document of a shard: float64 [nd].
+
+    q: {"dense": [d] or [1, d], "sparse": {token id: weight}, "colbert": [Lq, d]};
+    docs: {"ids": [nd], "dense": [nd, d], "sparse": [nd dicts], "colbert": [nd arrays
+    [Ld, d]]}; weights: {"dense", "sparse", "colbert"} or a (dense, sparse, colbert)
+    triple. A part whose weight is 0 is skipped and need not be present. Token ids may be
+    ints (our `sparse_ids`) or strings (FlagEmbedding's `lexical_weights`).
+    """
+    w_dense, w_sparse, w_colbert = _weights(weights)
+    nd = len(docs["ids"]) if "ids" in docs else len(docs["dense"])
+    total = np.zeros(nd)
+    if w_dense:
+        qd = np.asarray(_need(q, "dense", "query"), dtype=np.float32).reshape(-1)
+        total += w_dense * _dots(np.asarray(_need(docs, "dense", "shard"), np.float32), qd)
+    if w_sparse:
+        qs = _int_keys(_need(q, "sparse", "query"))
+        total += w_sparse * np.array([lexical_score(qs, d) for d in _need(docs, "sparse", "shard")],
+                                     dtype=np.float64)
+    if w_colbert:
+        qc = np.asarray(_need(q, "colbert", "query"), dtype=np.float64)
+        total += w_colbert * np.array([colbert_score(qc, d)
+                                       for d in _need(docs, "colbert", "shard")], dtype=np.float64)
+    return total
+
+
+def hybrid_topk(q: Mapping, docs: Mapping, weights, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact hybrid top-k of one query in one shard: (scores [1, k'], ids [1, k'])."""
+    scores = hybrid_scores(q, docs, weights)
+    ids = np.asarray(list(docs["ids"]), dtype=object)
+    top = rank_topk(scores, ids, k)
+    return scores[top][None, :], ids[top][None, :]
+
+
+def lexical_score(q_weights: Mapping, d_weights: Mapping) -> float:
+    """Sum over token ids present in both of q_weight * d_weight (BGE-M3's lexical match)."""
+    if d_weights is None:
+        raise ValueError("a document has no lexical weights (an error row in the shard?)")
+    q_weights, d_weights = _int_keys(q_weights), _int_keys(d_weights)
+    s = 0.0
+    for token, w in q_weights.items():
+        dw = d_weights.get(token)
+        if dw is not None:
+            s += float(w) * float(dw)
+    return s
+
+
+def colbert_score(q_vecs: np.ndarray, d_vecs: np.ndarray) -> float:
+    """Mean over query vectors of the best inner product with a document vector (BGE-M3)."""
+    if d_vecs is None:
+        raise ValueError("a document has no ColBERT vectors (an error row in the shard?)")
+    q = np.asarray(q_vecs, dtype=np.float64)
+    d = np.asarray(d_vecs, dtype=np.float64)
+    if q.shape[0] == 0 or d.shape[0] == 0:
+        return 0.0
+    return float((q @ d.reshape(-1, q.shape[1]).T).max(axis=1).sum() / q.shape[0])
+
+
+def _dots(x: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Row-wise x @ q as a float64 sum of (exact) float32 products, the same for a row
+    whatever rows surround it: numpy reduces each contiguous row on its own."""
+    q64 = np.asarray(q, dtype=np.float64).reshape(-1)
+    out = np.empty(x.shape[0])
+    for start in range(0, x.shape[0], _BLOCK):
+        block = np.asarray(x[start:start + _BLOCK], dtype=np.float64)
+        out[start:start + len(block)] = (block * q64).sum(axis=1)
+    return out
+
+
+def _weights(weights) -> tuple[float, float, float]:
+    if isinstance(weights, Mapping):
+        unknown = set(weights) - {"dense", "sparse", "colbert"}
+        if unknown:
+            raise ValueError(f"unknown hybrid weights {sorted(unknown)}: "
+                             "use dense, sparse, colbert")
+        return tuple(float(weights.get(k, 0.0)) for k in ("dense", "sparse", "colbert"))
+    w = tuple(float(v) for v in weights)
+    if len(w) != 3:
+        raise ValueError("hybrid weights: (dense, sparse, colbert)")
+    return w
+
+
+def _need(obj: Mapping, key: str, what: str):
+    value = obj.get(key)
+    if value is None:
+        raise ValueError(f"the {what} has no {key!r} representation but its weight is not 0")
+    return value
+
+
+def _int_keys(weights: Mapping) -> Mapping:
+    if weights and isinstance(next(iter(weights)), str):
+        return {int(t): w for t, w in weights.items()}
+    return weights

@@ -1,0 +1,221 @@
+"""Ray Data actor that embeds texts with BGE-M3 through FlagEmbedding's `BGEM3FlagModel`.
+
+Loaded once per actor: the model (local path or hub id) on one device. `__call__(batch) ->
+batch` keeps every input column and row, in order, and adds the representations asked for:
+
+- `dense`: fixed_size_list<float32>[dim], L2-normalised CLS vector (as BGE-M3 returns it);
+- `sparse_ids` list<int32> + `sparse_weights` list<float32>: BGE-M3's lexical weights, one
+  entry per distinct token id (the max over its occurrences, special tokens left out, only
+  weights > 0), sorted by token id;
+- `colbert` list<float32> (the [colbert_len, dim] matrix, row-major) + `colbert_len` int32:
+  one normalised vector per token after [CLS] (the final </s> included, as FlagEmbedding
+  does);
+- `error` string: null when the row was embedded.
+
+A row whose text is null, empty or whitespace gets null vectors and the error "empty text"
+(FlagEmbedding would embed "<s></s>": a dense vector, no lexical weights, one ColBERT
+vector for </s>; a document of nothing that still scores against every query). A row
+that arrives with an error keeps it and is not embedded. A batch the model fails on is retried
+row by row, so one bad row becomes an error row instead of failing the Ray task.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import numpy as np
+import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+EMPTY = "empty text"
+
+
+class M3Embedder:
+    """BGE-M3 for `map_batches`: dense (default), sparse and ColBERT outputs.
+
+    `max_length` is in tokens (longer texts are truncated; 512 as in the BGE-M3 paper's
+    passage setting). `use_fp16` is honoured on CUDA only: FlagEmbedding upcasts on "cpu"
+    anyway and other devices are not worth the risk, so elsewhere it is switched off with a
+    warning. `device=None` means the first GPU if there is one, else the CPU; one device
+    always, so FlagEmbedding never starts its multi-process pool inside a Ray actor.
+
+    `info` records what actually runs: model, dim, colbert_dim, device, dtype, use_fp16,
+    max_length and a `note` when a setting was overridden.
+
+    `batch_size` is FlagEmbedding's forward batch. Its encode() runs the first (longest) batch
+    of every call twice, the first time to probe for an out-of-memory-safe batch size, so a
+    Ray batch of one forward batch costs two: give map_batches several (8 cost 9).
+    """
+
+    def __init__(self, model: str, max_length: int = 512, batch_size: int = 32,
+                 use_fp16: bool = False, dense: bool = True, sparse: bool = False,
+                 colbert: bool = False, text_column: str = "text", device: str | None = None):
+        import torch
+        from FlagEmbedding import BGEM3FlagModel
+
+        if not (dense or sparse or colbert):
+            raise ValueError("M3Embedder: ask for at least one of dense, sparse, colbert")
+        if device is None:
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        note = None
+        if use_fp16 and not (device.startswith("cuda") and torch.cuda.is_available()):
+            note = f"use_fp16 ignored: half precision is only used on CUDA, not on {device}"
+            log.warning("M3Embedder: %s", note)
+            use_fp16 = False
+        self.model = BGEM3FlagModel(model, use_fp16=use_fp16, devices=[device],
+                                    normalize_embeddings=True, batch_size=batch_size,
+                                    query_max_length=max_length, passage_max_length=max_length)
+        # FlagEmbedding moves the weights on the first encode(); doing it here makes a wrong
+        # device fail at actor start and puts the transfer in the load, not the first batch.
+        self.model.model.to(device).eval()
+        weights = next(self.model.model.parameters())
+        self.max_length, self.batch_size, self.text_column = max_length, batch_size, text_column
+        self.dense, self.sparse, self.colbert = dense, sparse, colbert
+        self.info = {"model": model,
+                     "dim": int(self.model.model.model.config.hidden_size),
+                     "colbert_dim": int(self.model.model.colbert_linear.out_features),
+                     "device": str(weights.device),
+                     "dtype": str(weights.dtype).removeprefix("torch."),
+                     "use_fp16": use_fp16, "max_length": max_length, "note": note}
+
+    def with_outputs(self, *, dense: bool | None = None, sparse: bool | None = None,
+                     colbert: bool | None = None) -> "M3Embedder":
+        """The same loaded model with other outputs switched on or off (no second load)."""
+        other = copy.copy(self)
+        other.dense = self.dense if dense is None else dense
+        other.sparse = self.sparse if sparse is None else sparse
+        other.colbert = self.colbert if colbert is None else colbert
+        if not (other.dense or other.sparse or other.colbert):
+            raise ValueError("M3Embedder: ask for at least one of dense, sparse, colbert")
+        return other
+
+    # ---- per batch -------------------------------------------------------------------
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        n = batch.num_rows
+        texts = batch[self.text_column].to_pylist()
+        has_error = "error" in batch.column_names
+        errors = batch["error"].to_pylist() if has_error else [None] * n
+        todo = []
+        for r in range(n):
+            if errors[r] is not None:
+                continue
+            if texts[r] is None or not texts[r].strip():
+                errors[r] = EMPTY
+                continue
+            todo.append(r)
+        results = self._encode([texts[r] for r in todo])
+        rows: list[dict | None] = [None] * n
+        for r, res in zip(todo, results):
+            if isinstance(res, str):
+                errors[r] = res
+            else:
+                rows[r] = res
+        out = batch
+        for name, column in self._columns(rows).items():
+            out = _put(out, name, column)
+        return _put(out, "error", pa.array(errors, pa.string()))
+
+    def _encode(self, texts: list[str]) -> list[dict | str]:
+        """One dict of numpy outputs per text, or an error string for a text that failed."""
+        if not texts:
+            return []
+        try:
+            return self._encode_batch(texts)
+        except Exception as e:  # noqa: BLE001 - isolate the rows that fail, keep the rest
+            if len(texts) == 1:
+                return [self._failure(texts[0], e)]
+            log.warning("M3Embedder: a batch of %d failed (%s: %s); retrying row by row",
+                        len(texts), type(e).__name__, e)
+        out: list[dict | str] = []
+        for t in texts:
+            try:
+                out += self._encode_batch([t])
+            except Exception as e:  # noqa: BLE001
+                out.append(self._failure(t, e))
+        return out
+
+    def _failure(self, text: str, error: Exception) -> str:
+        """The error message of a row, with the model's own error where FlagEmbedding hides it.
+
+        encode() takes any RuntimeError in its first forward pass for out-of-memory and retries
+        with 3/4 of the batch, down to an empty batch, which then fails with "AttributeError:
+        'list' object has no attribute 'keys'". One forward pass of our own shows the cause.
+        """
+        import torch
+
+        try:
+            inputs = self.model.tokenizer([text], truncation=True, max_length=self.max_length,
+                                          return_tensors="pt").to(self.info["device"])
+            with torch.no_grad():
+                self.model.model(inputs, return_dense=True)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        return f"embedding failed: {type(error).__name__}: {error}"
+
+    def _encode_batch(self, texts: list[str]) -> list[dict]:
+        res = self.model.encode(texts, batch_size=self.batch_size, max_length=self.max_length,
+                                return_dense=self.dense, return_sparse=self.sparse,
+                                return_colbert_vecs=self.colbert)
+        rows = [{} for _ in texts]
+        if self.dense:
+            dense = np.asarray(res["dense_vecs"], dtype=np.float32).reshape(len(texts), -1)
+            for row, vec in zip(rows, dense):
+                row["dense"] = vec
+        if self.sparse:
+            for row, weights in zip(rows, res["lexical_weights"]):
+                # Keys are token ids as strings; values numpy scalars (fp16 on a fp16 model).
+                items = sorted((int(t), float(w)) for t, w in weights.items())
+                row["sparse_ids"] = np.array([t for t, _ in items], dtype=np.int32)
+                row["sparse_weights"] = np.array([w for _, w in items], dtype=np.float32)
+        if self.colbert:
+            for row, vecs in zip(rows, res["colbert_vecs"]):
+                row["colbert"] = np.asarray(vecs, dtype=np.float32)
+        return rows
+
+    def _columns(self, rows: list[dict | None]) -> dict[str, pa.Array]:
+        n = len(rows)
+        mask = pa.array([r is None for r in rows], pa.bool_())
+        cols: dict[str, pa.Array] = {}
+        if self.dense:
+            dim = self.info["dim"]
+            mat = np.zeros((n, dim), dtype=np.float32)
+            for i, r in enumerate(rows):
+                if r is not None:
+                    mat[i] = r["dense"]
+            cols["dense"] = pa.FixedSizeListArray.from_arrays(pa.array(mat.reshape(-1)), dim,
+                                                              mask=mask)
+        if self.sparse:
+            cols["sparse_ids"] = _lists([None if r is None else r["sparse_ids"] for r in rows],
+                                        np.int32, mask)
+            cols["sparse_weights"] = _lists(
+                [None if r is None else r["sparse_weights"] for r in rows], np.float32, mask)
+        if self.colbert:
+            vecs = [None if r is None else r["colbert"] for r in rows]
+            cols["colbert"] = _lists([None if v is None else v.reshape(-1) for v in vecs],
+                                     np.float32, mask)
+            cols["colbert_len"] = pa.array([None if v is None else v.shape[0] for v in vecs],
+                                           pa.int32())
+        return cols
+
+
+def _lists(parts: list[np.ndarray | None], dtype, mask: pa.Array) -> pa.Array:
+    """Numpy rows -> one list<dtype> array (null where the row is None), without Python lists."""
+    lengths = np.array([0 if p is None else len(p) for p in parts], dtype=np.int64)
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:
+        raise ValueError("M3Embedder: batch too large for a list<> column; use smaller batches")
+    values = (np.concatenate([p for p in parts if p is not None]).astype(dtype, copy=False)
+              if offsets[-1] else np.zeros(0, dtype))
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values),
+                                    mask=mask)
+
+
+def _put(table: pa.Table, name: str, column: pa.Array) -> pa.Table:
+    """Replace a column in place (same position) or append it."""
+    i = table.schema.get_field_index(name)
+    if i >= 0:
+        return table.set_column(i, name, column)
+    return table.append_column(name, column)
