@@ -162,11 +162,10 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
         setting = run_modes.get(plain, "fusion" if plain in cell.params["systems"] else "external")
         means[system] = {}
         for m in ec.metrics:
-            values = [v[m] for v in pq.values()]
-            mean = sum(values) / len(values) if values else float("nan")
+            mean = irmetrics.mean(pq, m)
             means[system][m] = mean
             rows.append({**base, "setting": setting, "model": system, "system": system,
-                         "metric": m, "query_id": None, "value": mean, "n": len(values)})
+                         "metric": m, "query_id": None, "value": mean, "n": len(pq)})
             rows += [{**base, "setting": setting, "model": system, "system": system, "metric": m,
                       "query_id": q, "value": v[m], "n": 1} for q, v in sorted(pq.items())]
     comparisons = []
@@ -176,7 +175,7 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
         for m in ec.metrics:
             a = {q: v[m] for q, v in per_query[comp.baseline].items()}
             b = {q: v[m] for q, v in per_query[comp.system].items()}
-            test = irmetrics.paired_ttest(a, b)
+            test = irmetrics.paired_ttest(b, a)  # t > 0: the system beats the baseline
             s1, s2 = means[comp.baseline][m], means[comp.system][m]
             s_star = means[f"{comp.baseline}+oracle"][m]
             pri = irmetrics.pri(s_star, s1)
