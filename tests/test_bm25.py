@@ -10,15 +10,20 @@ sentences and titles taken from other passages of the same language.
 - job level: `xling index` + `xling retrieve` (Ray, 3 shards) against pyserini's own
   `python -m pyserini.index.lucene` + `python -m pyserini.search.lucene` on the same files:
   the TREC runs are identical line by line;
+- resume: a driver killed during the Lucene shard builds, rerun, builds only the shards
+  that had no marker, and the merged index holds every document once;
 - analysis: a query with no tokens after analysis, an analyzer fallback for a language
   Lucene has no analyzer for.
 """
 
 import gzip
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -207,3 +212,69 @@ def test_query_without_tokens_and_analyzer_fallback(tmp_path):
                              "partitions": [[str(tmp_path / "el")]],
                              "analyzers": [[STANDARD]]})).to_pylist()
     assert [r["doc_id"] for r in out] == ["g1"]  # lowercased, tokenized: found
+
+
+@pytest.mark.slow
+def test_killed_lucene_build_resumes(tmp_path):
+    lang, n_shards = "fi", 4
+    data = tmp_path / "corpus.jsonl.gz"
+    with gzip.open(data, "wt", encoding="utf-8") as f:
+        for d in collection(lang):
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    cfg = tmp_path / "idx.yaml"
+    cfg.write_text(f"""
+name: idx
+run_root: {tmp_path / 'run'}
+stages: [index]
+ray: {{num_cpus: 2}}
+index:
+  engines: [bm25]
+  shards: {n_shards}
+  collections:
+    - {{name: c, format: mrtydi, path: '{data}', langs: [{lang}]}}
+""")
+    args = [sys.executable, "-m", "xling.jobs.cli", "run", "--config", str(cfg), "--no-progress"]
+    store = RunStore(str(tmp_path / "run"))
+
+    def shard_markers() -> dict[int, dict]:
+        out = {}
+        for c in store.list_dirs("index"):
+            for s in store.list_dirs(f"index/{c}/lucene/shards"):
+                m = store.read_json_or_none(f"index/{c}/lucene/shards/{s}/_xling_lucene.json")
+                if m:
+                    out[m["shard"]] = m
+        return out
+
+    # Each shard build waits 5 s after its marker (fault-injection knob): kill in that window.
+    proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "XLING_FAULT_LUCENE_DELAY": "5"},
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while not shard_markers():
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.time() < deadline, "no shard built in time"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its local Ray, mid-build
+    proc.wait()
+    before = shard_markers()
+    assert 1 <= len(before) < n_shards, "the kill should land mid-build"
+    [cell] = store.list_dirs("index")
+    assert not store.exists(f"index/{cell}/_manifest.json")
+
+    p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    lucene = store.read_json(f"index/{cell}/_manifest.json")["lucene"]
+    assert lucene["documents"] == len(collection(lang))
+    built_at = store.read_json(f"index/{cell}/lucene/index/_xling_lucene.json")["shards_built_at"]
+    for s, m in before.items():  # built before the kill: not rebuilt
+        assert built_at[str(s)] == m["built_at"], s
+    assert len(built_at) == n_shards and not shard_markers()  # shard copies dropped after merge
+    # and the merged index scores like one built in one go
+    from xling.actors.lucene import index_rows, open_searcher
+
+    single = tmp_path / "single"
+    index_rows([(d["docid"], contents(d)) for d in collection(lang)], str(single), lang)
+    ref, ours = (open_searcher(str(p), lang, 0.9, 0.4)
+                 for p in (single, store.key(f"index/{cell}/lucene/index")))
+    for qid, q in queries(lang):
+        assert top(ours, q) == top(ref, q), (qid, q)

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import os
 import tempfile
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,7 +32,7 @@ import pyarrow.compute as pc
 from xling.jobs.config import ConfigError, IndexCollection, XlingConfig, hashable
 from xling.jobs.models import resolve_model
 from xling.jobs.pools import actor_pool
-from xling.jobs.runner import RID, Cell, Stage, StageFailed
+from xling.jobs.runner import RID, Cell, Stage, StageFailed, now
 from xling.jobs.sources import read_documents, spec_files
 from xling.jobs.store import RunStore
 from xling.tasks.languages import get_language
@@ -230,8 +231,10 @@ def build_lucene_index(store: RunStore, cell: Cell, analyzer: str, opts) -> dict
         raise StageFailed(f"{cell.id}: no document could be indexed (every row is an error "
                           "row or empty); see the error column of its part files")
     merge = ray.remote(num_cpus=1)(_merge_shards)
+    # When each shard was built: a resumed build shows which shards it did not redo.
+    built_at = {str(s["shard"]): s.get("built_at") for s in built}
     return ray.get(merge.remote(store.uri, cell.dir, [s["shard"] for s in built], analyzer,
-                                opts.optimize, opts.heap))
+                                opts.optimize, opts.heap, built_at))
 
 
 def _shard_rel(cell_dir: str, shard: int) -> str:
@@ -261,12 +264,15 @@ def _build_shard(store_uri: str, cell_dir: str, shard: int, analyzer: str, setti
         if stats["documents"] != ok.num_rows:
             raise RuntimeError(f"shard {shard}: Lucene indexed {stats['documents']} of "
                                f"{ok.num_rows} documents")
-        marker = _commit_dir(store, out, rel, {**info, **stats})
+        marker = _commit_dir(store, out, rel, {**info, **stats, "built_at": now()})
+    delay = float(os.environ.get("XLING_FAULT_LUCENE_DELAY", "0") or 0)
+    if delay:
+        time.sleep(delay)  # fault-injection hook: a window to kill the build in (tests)
     return {k: v for k, v in marker.items() if k != "files"}
 
 
 def _merge_shards(store_uri: str, cell_dir: str, shards: list[int], analyzer: str,
-                  optimize: bool, heap: str | None) -> dict:
+                  optimize: bool, heap: str | None, built_at: dict) -> dict:
     from xling.actors.lucene import merge_indexes, start_jvm
 
     start_jvm(heap)
@@ -275,7 +281,8 @@ def _merge_shards(store_uri: str, cell_dir: str, shards: list[int], analyzer: st
     rel = f"{cell_dir}/{INDEX_DIR}"
     with _output_dir(store, rel) as out:
         stats = merge_indexes(local, out, optimize=optimize)
-        marker = _commit_dir(store, out, rel, {"shards": shards, "analyzer": analyzer, **stats})
+        marker = _commit_dir(store, out, rel, {"shards": shards, "analyzer": analyzer,
+                                               "shards_built_at": built_at, **stats})
     # The merged index holds everything: drop the per-shard copies.
     for s in shards:
         store.delete_tree(_shard_rel(cell_dir, s))

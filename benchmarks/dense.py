@@ -1,0 +1,141 @@
+"""Throughput of the dense (BGE-M3) `index` and `retrieve` stages against bare FlagEmbedding.
+
+Same model (the tiny BGE-M3-architecture model by default, `--model BAAI/bge-m3` on a GPU
+machine with the weights), same texts, same max lengths, in one run:
+
+- embedding: `BGEM3FlagModel.encode` (dense vectors) over all passages in one call, with
+  the forward batch size xling uses, against the whole `index` stage with `engines: [dense]`
+  (partition into shards, one M3Embedder actor per CPU/GPU, embeddings committed as Parquet
+  shards in the run store), from an already initialised Ray;
+- search: encode the queries and one exact FAISS `IndexFlatIP` search over all embeddings,
+  against the `retrieve` stage (query rows sharded, a DenseRetriever actor embedding them,
+  exact per-shard search with the float64 re-score and the global merge, hits committed).
+
+Corpus: texts drawn from the demo passages' vocabulary (Zipf), 60-200 words, queries 3-8.
+Reported: passages/s and queries/s for both, and the ratio xling / bare. Fixed costs
+(pipeline start, actor start and model load) are included on xling's side.
+
+    .venv/bin/python benchmarks/dense.py --docs 20000 --queries 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from index import texts, vocabulary  # noqa: E402  (same synthetic corpus as the BM25 bench)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--docs", type=int, default=20_000)
+    ap.add_argument("--queries", type=int, default=2_000)
+    ap.add_argument("--model", default="tiny:bge_m3", help="hub id, local path or tiny:bge_m3")
+    ap.add_argument("--max-length", type=int, default=512)
+    ap.add_argument("--encode-batch-size", type=int, default=32)
+    ap.add_argument("--actors", type=int, default=0,
+                    help="xling embedder actors (default: 1 on a GPU; on CPU one per core, "
+                         "since Ray gives each actor one torch thread where bare torch uses all)")
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--depth", type=int, default=100)
+    args = ap.parse_args()
+
+    import faiss
+    import ray
+    import torch
+
+    from xling.actors.embedder import M3Embedder
+    from xling.jobs.config import validate_config
+    from xling.jobs.models import resolve_model
+    from xling.jobs.runner import Runner
+    from xling.jobs.store import RunStore
+
+    model = resolve_model(args.model, key="--model")
+    vocab = vocabulary()
+    docs = texts(args.docs, 60, 200, vocab, seed=1)
+    queries = texts(args.queries, 3, 8, vocab, seed=2)
+    gpu = torch.cuda.is_available()
+    print(f"model {args.model}, {len(docs)} passages, {len(queries)} queries, max_length "
+          f"{args.max_length}, device {'cuda' if gpu else 'cpu'}, torch threads "
+          f"{torch.get_num_threads()}")
+
+    # ---- bare FlagEmbedding + FAISS --------------------------------------------------------
+    bare = M3Embedder(model, max_length=args.max_length, batch_size=args.encode_batch_size,
+                      use_fp16=gpu).model  # the BGEM3FlagModel, loaded as xling loads it
+    t = time.perf_counter()
+    emb = bare.encode(docs, batch_size=args.encode_batch_size, max_length=args.max_length,
+                      return_dense=True, return_sparse=False)["dense_vecs"]
+    bare_embed_s = time.perf_counter() - t
+    t = time.perf_counter()
+    q = bare.encode(queries, batch_size=args.encode_batch_size, max_length=args.max_length,
+                    return_dense=True, return_sparse=False)["dense_vecs"]
+    index = faiss.IndexFlatIP(emb.shape[1])
+    index.add(np.ascontiguousarray(emb, dtype=np.float32))
+    _, ids = index.search(np.ascontiguousarray(q, dtype=np.float32), args.depth)
+    n_bare_hits = int((ids >= 0).sum())
+    bare_search_s = time.perf_counter() - t
+    del bare
+
+    # ---- xling ------------------------------------------------------------------------------
+    tmp = Path(tempfile.mkdtemp(prefix="xling-bench-dense-"))
+    with gzip.open(tmp / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i, text in enumerate(docs):
+            f.write(json.dumps({"docid": f"d{i}", "title": "", "text": text}) + "\n")
+    (tmp / "topics.tsv").write_text("".join(f"q{i}\t{t}\n" for i, t in enumerate(queries)))
+    args.actors = args.actors or (1 if gpu else os.cpu_count())
+    pool = {"concurrency": [args.actors, args.actors], "batch_size": 8 * args.encode_batch_size,
+            "num_gpus": 1 if gpu else 0}
+    cfg = validate_config({
+        "name": "bench", "run_root": str(tmp / "run"),
+        "index": {"engines": ["dense"], "contents": "text", "shards": args.shards,
+                  "collections": [{"name": "c", "format": "mrtydi",
+                                   "path": str(tmp / "corpus.jsonl.gz"), "langs": ["en"]}],
+                  "dense": {"model": args.model, "max_length": args.max_length,
+                            "query_max_length": args.max_length, "fp16": gpu,
+                            "encode_batch_size": args.encode_batch_size, "parallel": pool}},
+        "retrieve": {"depth": args.depth, "shards": args.shards,
+                     "topics": [{"name": "q", "path": str(tmp / "topics.tsv"), "langs": ["en"],
+                                 "doc_langs": ["en"]}],
+                     "runs": [{"name": "m3", "engine": "dense", "collection": "c"}],
+                     "parallel": pool}})
+    ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    from xling.jobs.index import IndexStage
+    from xling.jobs.retrieve import RetrieveStage
+
+    store = RunStore(cfg.run_root)
+    runner = Runner(store, progress=False, log=lambda *_: None)
+    t = time.perf_counter()
+    runner.run(IndexStage(), cfg)
+    xling_embed_s = time.perf_counter() - t
+    t = time.perf_counter()
+    runner.run(RetrieveStage(), cfg)
+    xling_search_s = time.perf_counter() - t
+    [rcell] = store.list_dirs("retrieve")
+    n_xling_hits = store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]
+
+    rows = [("embedding", "passages/s", len(docs) / bare_embed_s, len(docs) / xling_embed_s),
+            ("search", "queries/s", len(queries) / bare_search_s, len(queries) / xling_search_s)]
+    print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
+    print(f"{'':10s} {'unit':11s} {'bare':>12s} {'xling':>12s} {'ratio':>7s}")
+    for name, unit, b, ours in rows:
+        print(f"{name:10s} {unit:11s} {b:12.1f} {ours:12.1f} {ours / b:7.2f}")
+    print(f"seconds: bare embed {bare_embed_s:.1f}, xling index {xling_embed_s:.1f}; "
+          f"bare search {bare_search_s:.1f}, xling retrieve {xling_search_s:.1f}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    main()
