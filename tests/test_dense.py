@@ -473,3 +473,50 @@ def test_hybrid_score_is_bge_m3s(embedder, corpus):
         c_q, c_d = enc["colbert_vecs"]
         assert parts["colbert"] == pytest.approx(float(model.colbert_score(c_q, c_d)), abs=1e-5)
         assert colbert_score(c_q, c_d) == pytest.approx(parts["colbert"], abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------------
+# The retriever actor: a batch of queries gives what each query gives alone
+
+
+@pytest.mark.parametrize("merge", ["score", "interleave"])
+def test_retriever_batch_equals_one_query_at_a_time(tiny_models, corpus, merge):
+    from xling.actors.dense_retriever import DenseRetriever
+
+    t = corpus["table"]
+    half = t.num_rows // 2
+    # two index locations (partitions), each in 3 uneven shards
+    locations = {"A": t.slice(0, half), "B": t.slice(half)}
+
+    def load(location):
+        part = locations[location]
+        return [part.slice(a, b - a) for a, b in _cuts(part.num_rows, 3, seed=1)]
+
+    retriever = DenseRetriever(embedder={"model": tiny_models["bge_m3"], "max_length": 512,
+                                         "batch_size": 16}, load=load, k=5, merge=merge)
+    qs = corpus["queries"][:6]
+    orders = [["A", "B"], ["B", "A"], ["A"], ["B"], ["A", "B"], []]
+    hyb = [0.0, 0.3, 0.0, 0.0, 0.3, 0.0]  # dense-only and hybrid queries mixed in one batch
+    batch = pa.table({
+        "query_id": [f"q{i}" for i in range(len(qs))], "text": qs,
+        "partitions": orders, "partition_langs": [[p.lower() for p in o] for o in orders],
+        "w_dense": [1.0] * len(qs), "w_sparse": hyb, "w_colbert": [w and 1.0 for w in hyb],
+        "error": pa.nulls(len(qs), pa.string())})
+    together = retriever(batch).to_pylist()
+    alone = [r for i in range(len(qs)) for r in retriever(batch.slice(i, 1)).to_pylist()]
+    # The query embeddings themselves move in the last float32 bits with the batch they
+    # are encoded in (padding); ranks, ids and partitions must not.
+    def key(rows):
+        return [(r["query_id"], r["rank"], r["doc_id"], r["doc_lang"], r["error"]) for r in rows]
+
+    assert key(together) == key(alone)
+    scores = [(a["score"], b["score"]) for a, b in zip(together, alone) if a["doc_id"]]
+    assert [a for a, _ in scores] == pytest.approx([b for _, b in scores], rel=1e-5)
+    by_q = {}
+    for r in together:
+        by_q.setdefault(r["query_id"], []).append(r)
+    assert [r["doc_lang"] for r in by_q["q0"]][:2] != [None, None]
+    assert by_q["q5"][0]["error"] and "no partition" in by_q["q5"][0]["error"]
+    if merge == "interleave":  # round-robin follows each query's own partition order
+        assert [r["doc_lang"] for r in by_q["q0"]][:2] == ["a", "b"]
+        assert [r["doc_lang"] for r in by_q["q1"]][:2] == ["b", "a"]

@@ -73,34 +73,49 @@ class DenseRetriever:
         q = _arrays(emb.append_column("doc_id", pa.array([str(i) for i in range(n)])),
                     keep_nulls=True)
         errors = emb["error"].to_pylist()
-        found: list[list] = [[] for _ in range(n)]
+        # found[i][j]: query i's hits in its j-th partition (kept in the query's own order,
+        # which `merge: interleave` follows)
+        found: list[dict] = [{} for _ in range(n)]
+        # (location, partition language) -> the (query, position) pairs that search it
+        todo: dict[tuple[str, str], list[tuple[int, int]]] = {}
         for i in range(n):
             if errors[i] is None and not cols["partitions"][i]:
                 errors[i] = "no partition to search (no index for the query's languages)"
             if errors[i] is not None:
                 continue
-            for location, plang in zip(cols["partitions"][i], cols["partition_langs"][i]):
-                try:
-                    shards = self.shards(location)
-                except Exception as e:  # an unreadable index: this query is an error row
+            for j, key in enumerate(zip(cols["partitions"][i], cols["partition_langs"][i])):
+                todo.setdefault(key, []).append((i, j))
+        for (location, plang), rows in todo.items():
+            try:
+                shards = self.shards(location)
+            except Exception as e:  # an unreadable index: its queries are error rows
+                for i, _ in rows:
                     errors[i] = f"cannot load dense index {location}: {type(e).__name__}: {e}"
-                    break
-                parts = []
-                for sh in shards:
-                    if weights[i]["sparse"] or weights[i]["colbert"]:
-                        parts.append(hybrid_topk(_one(q, i), sh, weights[i], self.k))
-                    else:
-                        scores, ids = search_shard(q["dense"][i:i + 1], sh["ids"], sh["dense"],
-                                                   self.k)
-                        parts.append((scores, ids))
+                continue
+            # Dense-only queries are searched together, one FAISS call per shard; each
+            # (query, document) score is the same whatever else is in the call.
+            hybrid = [(i, j) for i, j in rows if weights[i]["sparse"] or weights[i]["colbert"]]
+            dense = [r for r in rows if r not in set(hybrid)] if hybrid else rows
+            groups = ([(dense, False)] if dense else []) + [([r], True) for r in hybrid]
+            for group, is_hybrid in groups:
+                qs = [i for i, _ in group]
+                if is_hybrid:
+                    parts = [hybrid_topk(_one(q, qs[0]), sh, weights[qs[0]], self.k)
+                             for sh in shards]
+                else:
+                    parts = [search_shard(q["dense"][qs], sh["ids"], sh["dense"], self.k)
+                             for sh in shards]
                 if not parts:
-                    found[i].append([])
+                    for i, j in group:
+                        found[i][j] = []
                     continue
                 scores, ids = merge_topk(parts, self.k)
-                found[i].append([(d, float(s), plang) for s, d in zip(scores[0], ids[0])])
+                for r, (i, j) in enumerate(group):
+                    found[i][j] = [(d, float(s), plang) for s, d in zip(scores[r], ids[r])]
         drop = {"text", "error", "partitions", "analyzers", "partition_langs",
                 "w_dense", "w_sparse", "w_colbert"}
-        merged = [[] if errors[i] else merge_partitions(found[i], self.k, self.merge)
+        merged = [[] if errors[i] else
+                  merge_partitions([found[i][j] for j in sorted(found[i])], self.k, self.merge)
                   for i in range(n)]
         return hits_rows(batch, drop, merged, errors)
 

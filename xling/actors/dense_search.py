@@ -74,21 +74,24 @@ def search_shard(queries: np.ndarray, doc_ids: Sequence[str], docs: np.ndarray, 
     tol = x.shape[1] * 2.0 ** -22 * qnorms * norms.max()
     index = faiss.IndexFlatIP(x.shape[1])
     index.add(x)
+    order = _id_order(ids)
     scores = np.zeros((nq, kk))
     out_ids = np.empty((nq, kk), dtype=object)
     todo, m = np.arange(nq), min(nd, kk + max(0, extra))
     while todo.size:
         found, cand = index.search(q[todo], m)
-        again = []
-        for row, i in enumerate(todo):
-            c = cand[row]
-            exact = _dots(x[c], q[i])
-            top = rank_topk(exact, ids[c], kk)
-            if m < nd and found[row, m - 1] + tol[i] >= exact[top[-1]]:
-                again.append(i)  # a document not fetched might still tie or beat the k-th
-                continue
-            scores[i], out_ids[i] = exact[top], ids[c][top]
-        todo, m = np.array(again, dtype=np.int64), min(nd, 2 * m)
+        exact = _row_dots(x, cand, q[todo])
+        # ranking rule, row by row: score descending, then doc id ascending (stable)
+        top = np.lexsort((order[cand], -exact), axis=-1)[:, :kk]
+        best = np.take_along_axis(exact, top, axis=1)
+        # a document not fetched might still tie or beat the k-th: fetch more for those
+        again = (found[:, m - 1] + tol[todo] >= best[:, -1]) if m < nd else \
+            np.zeros(len(todo), dtype=bool)
+        done = ~again
+        rows = todo[done]
+        scores[rows] = best[done]
+        out_ids[rows] = ids[np.take_along_axis(cand, top, axis=1)[done]]
+        todo, m = todo[again], min(nd, 2 * m)
     return scores, out_ids
 
 
@@ -107,12 +110,12 @@ def merge_topk(parts: Sequence[tuple[np.ndarray, np.ndarray]],
     if scores.shape != ids.shape:
         raise ValueError(f"merge_topk: scores {scores.shape} and ids {ids.shape} differ")
     kk = max(0, min(int(k), scores.shape[1]))
-    out_s = np.zeros((scores.shape[0], kk))
-    out_i = np.empty((scores.shape[0], kk), dtype=object)
-    for r in range(scores.shape[0]):
-        top = rank_topk(scores[r], ids[r], kk)
-        out_s[r], out_i[r] = scores[r][top], ids[r][top]
-    return out_s, out_i
+    if scores.size == 0:
+        return np.zeros((scores.shape[0], kk)), np.empty((scores.shape[0], kk), dtype=object)
+    # One integer key per distinct id, in string order, for all rows at once.
+    _, order = np.unique(ids.ravel(), return_inverse=True)
+    top = np.lexsort((order.reshape(ids.shape), -scores), axis=-1)[:, :kk]
+    return np.take_along_axis(scores, top, axis=1), np.take_along_axis(ids, top, axis=1)
 
 
 def rank_topk(scores: np.ndarray, ids: Sequence[str], k: int) -> np.ndarray:
@@ -198,6 +201,24 @@ def _dots(x: np.ndarray, q: np.ndarray) -> np.ndarray:
     for start in range(0, x.shape[0], _BLOCK):
         block = np.asarray(x[start:start + _BLOCK], dtype=np.float64)
         out[start:start + len(block)] = (block * q64).sum(axis=1)
+    return out
+
+
+def _id_order(ids: np.ndarray) -> np.ndarray:
+    """Integer keys that sort like the doc id strings (Python order; equal ids by position)."""
+    return np.argsort(np.argsort(ids, kind="stable"), kind="stable")
+
+
+def _row_dots(x: np.ndarray, cand: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """exact[r, j] = x[cand[r, j]] . q[r], each a float64 sum of exact float32 products
+    reduced over its own contiguous row (so equal to `_dots` of that row, whatever else is
+    in the call)."""
+    q64 = np.asarray(q, dtype=np.float64)
+    out = np.empty(cand.shape)
+    step = max(1, _BLOCK // max(1, cand.shape[1]))
+    for start in range(0, cand.shape[0], step):
+        block = x[cand[start:start + step]].astype(np.float64)  # [rows, m, d]
+        out[start:start + step] = (block * q64[start:start + step, None, :]).sum(axis=2)
     return out
 
 
