@@ -22,9 +22,6 @@ side, and so are what bare leaves out: shard files, hits rows and the TREC expor
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
-import logging
 import os
 import sys
 import tempfile
@@ -34,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from index import texts, vocabulary  # noqa: E402  (same synthetic corpus as the BM25 bench)
+from index import print_table, run_xling, texts, vocabulary, write_inputs  # noqa: E402
 
 
 def main() -> None:
@@ -52,14 +49,11 @@ def main() -> None:
     args = ap.parse_args()
 
     import faiss
-    import ray
     import torch
 
     from xling.actors.embedder import M3Embedder
     from xling.jobs.config import validate_config
     from xling.jobs.models import resolve_model
-    from xling.jobs.runner import Runner
-    from xling.jobs.store import RunStore
 
     model = resolve_model(args.model, key="--model")
     vocab = vocabulary()
@@ -89,10 +83,7 @@ def main() -> None:
 
     # ---- xling ------------------------------------------------------------------------------
     tmp = Path(tempfile.mkdtemp(prefix="xling-bench-dense-"))
-    with gzip.open(tmp / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
-        for i, text in enumerate(docs):
-            f.write(json.dumps({"docid": f"d{i}", "title": "", "text": text}) + "\n")
-    (tmp / "topics.tsv").write_text("".join(f"q{i}\t{t}\n" for i, t in enumerate(queries)))
+    write_inputs(tmp, docs, queries)
     args.actors = args.actors or (1 if gpu else os.cpu_count())
     pool = {"concurrency": [args.actors, args.actors], "batch_size": 8 * args.encode_batch_size,
             "num_gpus": 1 if gpu else 0,
@@ -112,31 +103,12 @@ def main() -> None:
                                  "doc_langs": ["en"]}],
                      "runs": [{"name": "m3", "engine": "dense", "collection": "c"}],
                      "parallel": pool}})
-    ray.init(include_dashboard=False, logging_level=logging.WARNING)
-    import ray.data
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
     from xling.jobs.index import IndexStage
-    from xling.jobs.retrieve import RetrieveStage
 
-    store = RunStore(cfg.run_root)
-    runner = Runner(store, progress=False, log=lambda *_: None)
-    t = time.perf_counter()
-    runner.run(IndexStage(), cfg)
-    xling_embed_s = time.perf_counter() - t
-    t = time.perf_counter()
-    runner.run(RetrieveStage(), cfg)
-    xling_search_s = time.perf_counter() - t
-    [rcell] = store.list_dirs("retrieve")
-    n_xling_hits = store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]
-
-    rows = [("embedding", "passages/s", len(docs) / bare_embed_s, len(docs) / xling_embed_s),
-            ("search", "queries/s", len(queries) / bare_search_s, len(queries) / xling_search_s),
-]
-    print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
-    print(f"{'':10s} {'unit':11s} {'bare':>12s} {'xling':>12s} {'ratio':>7s}")
-    for name, unit, b, ours in rows:
-        print(f"{name:10s} {unit:11s} {b:12.1f} {ours:12.1f} {ours / b:7.2f}")
+    xling_embed_s, xling_search_s, n_xling_hits = run_xling(cfg, IndexStage())
+    print_table([("embedding", "passages/s", len(docs) / bare_embed_s, len(docs) / xling_embed_s),
+                 ("search", "queries/s", len(queries) / bare_search_s,
+                  len(queries) / xling_search_s)], n_bare_hits, n_xling_hits)
     print(f"seconds: bare embed {bare_embed_s:.1f}, xling index {xling_embed_s:.1f}; "
           f"bare search {bare_search_s:.1f}, xling retrieve {xling_search_s:.1f}")
 

@@ -65,6 +65,48 @@ def texts(n: int, lo: int, hi: int, vocab: list[str], seed: int) -> list[str]:
     return out
 
 
+def write_inputs(tmp: Path, docs: list[str], queries: list[str]) -> None:
+    """The xling side's inputs: docs as Mr.TyDi JSONL (`d<i>`), queries as TSV (`q<i>`)."""
+    with gzip.open(tmp / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i, text in enumerate(docs):
+            f.write(json.dumps({"docid": f"d{i}", "title": "", "text": text}) + "\n")
+    (tmp / "topics.tsv").write_text("".join(f"q{i}\t{t}\n" for i, t in enumerate(queries)))
+
+
+def run_xling(cfg, index_stage, **ray_init) -> tuple[float, float, int]:
+    """Run the `index` then the `retrieve` stage on a fresh local Ray: their seconds, and
+    the number of hits the retrieve cell committed."""
+    import ray
+
+    from xling.jobs.retrieve import RetrieveStage
+    from xling.jobs.runner import Runner
+    from xling.jobs.store import RunStore
+
+    ray.init(include_dashboard=False, logging_level=logging.WARNING, **ray_init)
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    store = RunStore(cfg.run_root)
+    runner = Runner(store, progress=False, log=lambda *_: None)
+    t = time.perf_counter()
+    runner.run(index_stage, cfg)
+    index_s = time.perf_counter() - t
+    t = time.perf_counter()
+    runner.run(RetrieveStage(), cfg)
+    search_s = time.perf_counter() - t
+    [rcell] = store.list_dirs("retrieve")
+    return index_s, search_s, store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]
+
+
+def print_table(rows: list[tuple[str, str, float, float]], n_bare_hits: int,
+                n_xling_hits: int) -> None:
+    """(name, unit, bare throughput, xling throughput) rows, with the ratio xling / bare."""
+    print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
+    print(f"{'':10s} {'unit':11s} {'bare':>12s} {'xling':>12s} {'ratio':>7s}")
+    for name, unit, bare, ours in rows:
+        print(f"{name:10s} {unit:11s} {bare:12.1f} {ours:12.1f} {ours / bare:7.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=200_000)
@@ -75,13 +117,9 @@ def main() -> None:
     args = ap.parse_args()
     shards = args.shards or 4 * args.threads
 
-    import ray
-
     from xling.actors.lucene import STANDARD, index_collection, open_searcher, start_jvm, \
         write_json_collection
     from xling.jobs.config import validate_config
-    from xling.jobs.runner import Runner
-    from xling.jobs.store import RunStore
 
     vocab = vocabulary()
     docs = texts(args.docs, 60, 200, vocab, seed=1)
@@ -108,10 +146,7 @@ def main() -> None:
     bare_search_s = time.perf_counter() - t
 
     # ---- xling -------------------------------------------------------------------------
-    with gzip.open(tmp / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
-        for i, text in enumerate(docs):
-            f.write(json.dumps({"docid": f"d{i}", "title": "", "text": text}) + "\n")
-    (tmp / "topics.tsv").write_text("".join(f"{q}\t{t}\n" for q, t in zip(qids, queries)))
+    write_inputs(tmp, docs, queries)
     cfg = validate_config({
         "name": "bench", "run_root": str(tmp / "run"),
         "index": {"engines": ["bm25"], "contents": "text", "shards": shards,
@@ -125,12 +160,7 @@ def main() -> None:
                      # one actor searching with T threads, as batch_search does
                      "threads": args.threads,
                      "parallel": {"concurrency": [1, 1], "batch_size": 2048, "num_cpus": 1}}})
-    ray.init(num_cpus=args.threads, include_dashboard=False, logging_level=logging.WARNING)
-    import ray.data
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
     from xling.jobs.index import IndexStage
-    from xling.jobs.retrieve import RetrieveStage
 
     class TimedIndexStage(IndexStage):
         """Times `finalize` (Lucene shard builds and the merge) apart from the rest."""
@@ -144,24 +174,13 @@ def main() -> None:
             finally:
                 TimedIndexStage.lucene_s += time.perf_counter() - t
 
-    store = RunStore(cfg.run_root)
-    runner = Runner(store, progress=False, log=lambda *_: None)
-    t = time.perf_counter()
-    runner.run(TimedIndexStage(), cfg)
-    xling_index_s = time.perf_counter() - t
-    t = time.perf_counter()
-    runner.run(RetrieveStage(), cfg)
-    xling_search_s = time.perf_counter() - t
-    [rcell] = store.list_dirs("retrieve")
-    n_xling_hits = store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]
+    xling_index_s, xling_search_s, n_xling_hits = run_xling(cfg, TimedIndexStage(),
+                                                            num_cpus=args.threads)
 
     # Greek ("el") has no Anserini analyzer: both sides used the standard analyzer.
     rows = [("indexing", "docs/s", len(docs) / bare_index_s, len(docs) / xling_index_s),
             ("search", "queries/s", len(queries) / bare_search_s, len(queries) / xling_search_s)]
-    print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
-    print(f"{'':10s} {'unit':10s} {'bare':>12s} {'xling':>12s} {'ratio':>7s}")
-    for name, unit, bare, ours in rows:
-        print(f"{name:10s} {unit:10s} {bare:12.1f} {ours:12.1f} {ours / bare:7.2f}")
+    print_table(rows, n_bare_hits, n_xling_hits)
     print(f"seconds: bare index {bare_index_s:.1f}, xling index {xling_index_s:.1f} (read, "
           f"partition and contents {xling_index_s - TimedIndexStage.lucene_s:.1f}, Lucene shard "
           f"builds and merge {TimedIndexStage.lucene_s:.1f}); bare search {bare_search_s:.1f}, "

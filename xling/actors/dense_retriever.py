@@ -94,8 +94,9 @@ class DenseRetriever:
                 continue
             # Dense-only queries are searched together, one FAISS call per shard; each
             # (query, document) score is the same whatever else is in the call.
-            hybrid = [(i, j) for i, j in rows if weights[i]["sparse"] or weights[i]["colbert"]]
-            dense = [r for r in rows if r not in set(hybrid)] if hybrid else rows
+            dense, hybrid = [], []
+            for i, j in rows:
+                (hybrid if weights[i]["sparse"] or weights[i]["colbert"] else dense).append((i, j))
             groups = ([(dense, False)] if dense else []) + [([r], True) for r in hybrid]
             for group, is_hybrid in groups:
                 qs = [i for i, _ in group]
