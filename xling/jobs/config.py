@@ -394,12 +394,153 @@ class EvaluateConfig(Strict):
         return v
 
 
+# ---------------------------------------------------------------------------------------
+# LLMs: rerank, generate
+
+
+class SamplingSpec(Strict):
+    """Sampling parameters (part of every generation's cache key)."""
+
+    temperature: float = Field(0.0, ge=0, description="0: greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(256, ge=1, description="output tokens per call")
+    stop: list[str] = []
+    seed: int | None = Field(0, description="per-request seed (reproducible sampling)")
+
+
+class LLMSpec(Strict):
+    """One LLM: vLLM offline (a hub id, a local path or tiny:llama_chat) or an
+    OpenAI-compatible endpoint (OpenAI, a `vllm serve` server, a gateway)."""
+
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$",
+                             description="label in cells and the `model` column (default: model)")
+    backend: Literal["vllm", "openai"] = "vllm"
+    model: str = Field(description="vllm: hub id, local path or tiny:llama_chat; openai: the "
+                                   "endpoint's model name")
+    chat: bool = Field(True, description="send prompts through the chat template / chat API")
+    too_long: Literal["refuse", "truncate"] = Field(
+        "refuse", description="vllm: a prompt longer than max_model_len - max_tokens is an error "
+                              "row (refuse) or cut in the middle (truncate); recorded per row")
+    max_model_len: int | None = Field(None, ge=16, description="vllm: context length "
+                                                               "(default: the model's)")
+    dtype: str = Field("auto", description="vllm: auto, float16, bfloat16, float32")
+    engine_kwargs: dict[str, Any] = Field({}, description="vllm: more vllm.LLM(...) arguments")
+    tensor_parallel_size: int = NoHash(1, ge=1, description="vllm: GPUs per model replica")
+    gpu_memory_utilization: float = NoHash(0.9, gt=0, le=1)
+    enforce_eager: bool = NoHash(False, description="vllm: no CUDA graphs / torch.compile")
+    base_url: str | None = Field(None, description="openai: e.g. https://api.openai.com/v1 or "
+                                                   "http://HOST:8000/v1")
+    api_key_env: str | None = NoHash("OPENAI_API_KEY", description="openai: environment "
+                                     "variable holding the key (null: no auth)")
+    concurrency: int = NoHash(8, ge=1, description="openai: requests in flight per actor")
+    timeout_s: float = NoHash(120.0, gt=0, description="openai: per-request timeout")
+    max_retries: int = NoHash(5, ge=0, description="openai: retries on 429/5xx/timeouts")
+    backoff_s: float = NoHash(1.0, ge=0, description="openai: first retry delay (doubles)")
+    sampling: SamplingSpec | None = Field(None, description="overrides the section's sampling")
+    parallel: Parallelism = NoHash(Parallelism(concurrency=(1, 1), batch_size=256),
+                                   description="vllm: set num_gpus to tensor_parallel_size")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.model
+
+    @model_validator(mode="after")
+    def _backend(self) -> "LLMSpec":
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError(f"model '{self.model}': backend openai needs base_url")
+        if self.backend == "vllm" and self.base_url:
+            raise ValueError(f"model '{self.model}': base_url is for backend openai; "
+                             "set backend: openai or remove base_url")
+        return self
+
+
+class PromptSet(Strict):
+    """Prompt rows from a JSONL or Parquet file (local or s3://): `item_id` and `prompt`
+    (a string, or a list of chat messages), optionally `study`, `setting`, `lang`."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    path: str
+    parser: str = Field("none", description="tasks/parsers.py: none, answer_tag, json")
+
+
+class GenerateConfig(Strict):
+    """`generate`: every prompt set through every model; cached by (model, params, prompt)."""
+
+    models: list[LLMSpec] = Field(min_length=1)
+    prompts: list[PromptSet] = Field(min_length=1)
+    sampling: SamplingSpec = SamplingSpec()
+    cache: bool = NoHash(True, description="reuse stored generations with the same key")
+    shards: int = NoHash(4, ge=1, le=100_000, description="deterministic shards per cell")
+
+    @model_validator(mode="after")
+    def _names(self) -> "GenerateConfig":
+        for what, names in (("models", [m.label for m in self.models]),
+                            ("prompts", [p.name for p in self.prompts])):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"generate.{what}: names must be unique, {dup} repeat "
+                                 "(give each model entry its own `name:`)")
+        from xling.tasks.parsers import PARSERS
+
+        for p in self.prompts:
+            if p.parser not in PARSERS:
+                raise ValueError(f"prompt set '{p.name}': unknown parser '{p.parser}'; "
+                                 f"choose one of {sorted(PARSERS)}")
+        return self
+
+
+class RerankRun(Strict):
+    """An LLM reranking of a first-stage run: the retrieve stage's run or fusion named by
+    `input`, or a TREC run file (`trec`, with `topics` and `corpus` for the texts)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    input: str | None = Field(None, description="a retrieve.runs or retrieve.fusion name")
+    trec: str | None = Field(None, description="a TREC run file made elsewhere")
+    topics: TopicSpec | None = Field(None, description="with trec: the queries' file")
+    corpus: CorpusSpec | None = Field(None, description="with trec: the documents' file")
+    method: Literal["listwise", "pairwise"] = "listwise"
+    depth: int = Field(100, ge=2, le=1000, description="first-stage hits reranked; the rest "
+                                                       "keep their order below them")
+    window: int = Field(20, ge=2, description="listwise window (RankGPT: 20)")
+    step: int = Field(10, ge=1, description="listwise step (RankGPT: 10)")
+    passes: int = Field(10, ge=1, description="pairwise bubble-sort passes = top-k sorted")
+    doc_tokens: int = Field(128, ge=8, description="passages truncated to this many tokens "
+                                                   "(LLM-CLIR: 64, 128 or 256)")
+
+    @model_validator(mode="after")
+    def _source(self) -> "RerankRun":
+        if (self.input is None) == (self.trec is None):
+            raise ValueError(f"rerank run '{self.name}': give exactly one of `input` (a retrieve "
+                             "run) or `trec` (a run file)")
+        if self.trec is not None and (self.topics is None or self.corpus is None):
+            raise ValueError(f"rerank run '{self.name}': a `trec` input needs `topics:` and "
+                             "`corpus:` for the query and passage texts")
+        if self.step > self.window:
+            raise ValueError(f"rerank run '{self.name}': step {self.step} > window {self.window} "
+                             "would skip passages")
+        return self
+
+
+class RerankConfig(Strict):
+    """`rerank`: listwise (RankGPT/RankZephyr) or pairwise (PRP) LLM reranking of runs."""
+
+    model: LLMSpec
+    sampling: SamplingSpec | None = Field(
+        None, description="default: greedy, max_tokens 8 (pairwise) or 6 x window (listwise)")
+    runs: list[RerankRun] = Field(min_length=1)
+    cache: bool = NoHash(True, description="reuse stored LLM answers with the same key")
+    shards: int = NoHash(4, ge=1, le=100_000, description="query shards per cell")
+    batch_queries: int = NoHash(64, ge=1, description="queries advancing in lockstep per "
+                                                     "actor call (each LLM call batches them)")
+
+
 class RayConfig(Strict):
     address: str | None = NoHash(None, description="ray://, host:port or auto; RAY_ADDRESS wins")
     num_cpus: int | None = NoHash(None, ge=1, description="local mode only")
 
 
-STAGE_ORDER = ("ingest", "translate", "index", "retrieve", "evaluate", "report")
+STAGE_ORDER = ("ingest", "translate", "index", "retrieve", "rerank", "generate", "evaluate",
+               "report")
 
 
 class XlingConfig(Strict):
@@ -415,6 +556,8 @@ class XlingConfig(Strict):
     translate: TranslateConfig | None = None
     index: IndexConfig | None = None
     retrieve: RetrieveConfig | None = None
+    rerank: RerankConfig | None = None
+    generate: GenerateConfig | None = None
     evaluate: EvaluateConfig | None = None
 
     @model_validator(mode="after")
@@ -448,6 +591,13 @@ class XlingConfig(Strict):
                         f"{', '.join(f'{l}->{t}' for l, t in gaps)} that the translate stage does "
                         f"not make: add a translate.documents entry named '{c.name}' with those "
                         "langs and targets, and run the translate stage first")
+        if self.rerank is not None:
+            known = ({x.name for x in [*self.retrieve.runs, *self.retrieve.fusion]}
+                     if self.retrieve else set())
+            for i, run in enumerate(self.rerank.runs):
+                if run.input is not None and run.input not in known:
+                    raise ValueError(f"rerank.runs[{i}] ('{run.name}'): input '{run.input}' is "
+                                     f"not a retrieve run or fusion (known: {sorted(known)})")
         r = self.retrieve
         if r is None:
             return self

@@ -1,0 +1,245 @@
+"""`rerank` stage: LLM reranking of first-stage runs, listwise or pairwise (tasks/rerank.py).
+
+One cell per rerank run x input cell: each retrieve cell of the run or fusion named by
+`input` (same topics, query language and document language), or one cell for a TREC run
+file. The input of a cell is one row per query: the query text and its top `depth`
+candidates with their passage texts (the same texts the index was built from: original
+documents, or the translate stage's DT translations).
+
+    read   hits + queries + passage texts -> one row per query (driver-side join)
+    map    LLMReranker actors: a batch of queries reranked in lockstep, every LLM call one
+           batch over all of them; answers go through the generation cache (jobs/llm.py)
+    write  hits rows (the new order, then the unreranked tail), per-query call counts;
+           `run.trec` per cell
+
+Why not `ray.data.llm`'s processor: its unit is one row -> one generation, while a query's
+next window (or bubble-sort step) depends on the previous answer, so the algorithm must
+hold control between calls (docs/design.md).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from xling.actors.llm import Sampling
+from xling.jobs.config import RerankRun, SamplingSpec, XlingConfig, hashable
+from xling.jobs.llm import StoreLLM, actor_env, check_model, engine_spec, sampling_of
+from xling.jobs.pools import actor_pool
+from xling.jobs.runner import RID, Cell, Stage, StageFailed, read_cell
+from xling.jobs.sources import read_documents, read_queries, spec_files
+from xling.jobs.store import RunStore
+from xling.tasks.rerank import Candidates, listwise_rerank, pairwise_rerank
+
+HITS = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), ("rank", pa.int64()),
+                  ("score", pa.float64()), ("system", pa.string()), ("reranked", pa.bool_()),
+                  ("llm_calls", pa.int64()), ("reused_pairs", pa.int64()),
+                  ("malformed", pa.int64()), ("unparseable", pa.int64()),
+                  ("failed_calls", pa.int64()), ("missing_texts", pa.int64()),
+                  ("error", pa.string())])
+
+
+def default_sampling(run: RerankRun) -> SamplingSpec:
+    # "[12] > " is ~5 tokens; a listwise answer names `window` ids. PRP answers "Passage A".
+    return SamplingSpec(max_tokens=6 * run.window if run.method == "listwise" else 8)
+
+
+def rerank_cells(cfg: XlingConfig) -> list[Cell]:
+    rc = cfg.rerank
+    model = {k: v for k, v in hashable(rc.model).items() if k not in ("sampling", "name")}
+    upstream = []
+    if any(r.input for r in rc.runs):
+        from xling.jobs.retrieve import fusion_cells, run_cells
+
+        upstream = [*run_cells(cfg), *fusion_cells(cfg)]
+    cells = []
+    for run in rc.runs:
+        sampling = sampling_of(rc.model, rc.sampling or default_sampling(run)).as_dict()
+        method = {k: v for k, v in hashable(run).items() if k not in ("name", "input")}
+        params = {"method": method, "model": model, "sampling": sampling}
+        if run.trec:
+            cells.append(Cell("rerank", {"run": run.name}, {**params, "trec": run.trec},
+                              inputs=[run.trec], n_shards=rc.shards))
+            continue
+        for up in upstream:
+            if up.key["run"] == run.input:
+                cells.append(Cell("rerank", {**up.key, "run": run.name},
+                                  {**params, "input": up.dir}, inputs=[up.dir],
+                                  n_shards=rc.shards))
+    return cells
+
+
+class RerankStage(Stage):
+    name = "rerank"
+    id_column = "query_id"
+
+    def cells(self, cfg: XlingConfig) -> list[Cell]:
+        return rerank_cells(cfg)
+
+    def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
+        check_model(cfg.rerank.model, "rerank.model")
+
+    def read(self, cell: Cell, cfg: XlingConfig):
+        import ray.data
+
+        run = next(r for r in cfg.rerank.runs if r.name == cell.key["run"])
+        store = RunStore(cfg.run_root)
+        if run.trec:
+            from xling.tasks.runs import read_trec_run
+
+            with _open_text(run.trec) as f:
+                hits = read_trec_run(f)
+            lang = run.topics.langs[0]
+            queries = read_queries(run.topics, lang, spec_files(run.topics, lang, "rerank.topics"))
+            docs = [read_documents(run.corpus, l, spec_files(run.corpus, l, "rerank.corpus"))
+                    for l in run.corpus.langs]
+        else:
+            hits = read_cell(store, cell.params["input"],
+                             columns=["query_id", "doc_id", "rank", "score", "error"])
+            hits = hits.filter(pc.and_(pc.is_null(hits["error"]), pc.is_valid(hits["doc_id"])))
+            queries, docs = _retrieve_sources(cfg, cell)
+        hits = hits.sort_by([("query_id", "ascending"), ("rank", "ascending")])
+        texts = _texts(docs, set(hits["doc_id"].to_pylist()), cfg)
+        qtext = {r["query_id"]: r["text"] for r in queries.take_all() if r.get("error") is None}
+        rows: dict[str, dict] = {}
+        for q, d, s in zip(hits["query_id"].to_pylist(), hits["doc_id"].to_pylist(),
+                           hits["score"].to_pylist()):
+            r = rows.setdefault(q, {RID: q, "query_id": q, "query": qtext.get(q), "doc_ids": [],
+                                    "texts": [], "scores": [], "error": None})
+            r["doc_ids"].append(d)
+            r["scores"].append(float(s))
+            # A doc id the collection lacks is shown to the LLM as an empty passage (and so
+            # sinks) rather than dropping the query from the run; counted in the manifest.
+            r["texts"].append(texts.get(d, ""))
+        for r in rows.values():
+            r["missing"] = sum(d not in texts for d in r["doc_ids"][:run.depth])
+            if r["query"] is None:
+                r["error"] = "query text not found in the topics"
+        if not rows:
+            raise StageFailed(f"rerank {cell.id}: the input run has no hits")
+        return ray.data.from_items(list(rows.values()))
+
+    def map(self, ds, cells: list[Cell], cfg: XlingConfig):
+        rc = cfg.rerank
+        runs = {r.name: r for r in rc.runs}
+        calls = [{"method": runs[c.key["run"]].method, "depth": runs[c.key["run"]].depth,
+                  "window": runs[c.key["run"]].window, "step": runs[c.key["run"]].step,
+                  "passes": runs[c.key["run"]].passes,
+                  "doc_tokens": runs[c.key["run"]].doc_tokens, "system": c.key["run"],
+                  "sampling": c.params["sampling"],
+                  "too_long": rc.model.too_long if rc.model.backend == "vllm" else None}
+                 for c in cells]
+        p = rc.model.parallel
+        return ds.map_batches(
+            LLMReranker, batch_format="pyarrow", batch_size=rc.batch_queries,
+            fn_constructor_kwargs=dict(store_uri=RunStore(cfg.run_root).uri,
+                                       engine=engine_spec(rc.model), cache=rc.cache,
+                                       env=actor_env(rc.model), calls=calls),
+            compute=actor_pool(p, key="rerank.model.parallel"),
+            num_cpus=p.num_cpus, num_gpus=p.num_gpus)
+
+    def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
+        from xling.jobs.retrieve import export_trec
+
+        export_trec(store, cell)
+        files = sorted(f for f in store.list(cell.dir) if f.rsplit("/", 1)[-1].startswith("part-"))
+        t = store.read_parquet(files).filter(pc.equal(pc.field("rank"), 1))
+        totals = {k: int(pc.sum(t[k]).as_py() or 0) for k in
+                  ("llm_calls", "reused_pairs", "malformed", "unparseable", "failed_calls",
+                   "missing_texts")}
+        return {"llm": {**totals, "queries": t.num_rows}, "trec": "run.trec"}
+
+
+def _open_text(path: str):
+    import io
+
+    from xling.jobs.sources import _open
+
+    with _open(path) as f:
+        return io.StringIO(f.read().decode("utf-8"))
+
+
+def _retrieve_sources(cfg: XlingConfig, cell: Cell):
+    """Queries and the documents the input run searched (original or DT texts)."""
+    from xling.jobs.index import IndexStage
+    from xling.jobs.retrieve import _index_cell, fusion_cells, run_cells, topic_files
+
+    by_dir = {c.dir: c for c in [*run_cells(cfg), *fusion_cells(cfg)]}
+    up = by_dir[cell.params["input"]]
+    leaves = [by_dir[d] for d in up.inputs] if "indexes" not in up.params else [up]
+    ts = next(t for t in cfg.retrieve.topics if t.name == up.key["topics"])
+    ql, dl = up.key["qlang"], up.key["doc_lang"]
+    queries = read_queries(ts, ql, topic_files(ts, ql, dl, "retrieve.topics"))
+    index_ids = {i for leaf in leaves for i in leaf.params["indexes"].values()}
+    docs = [IndexStage().read(_index_cell(cfg, i), cfg) for i in sorted(index_ids)]
+    return queries, docs
+
+
+def _texts(docs: list, wanted: set[str], cfg: XlingConfig) -> dict[str, str]:
+    """doc_id -> passage text (title, newline, text, as indexed) for the wanted ids."""
+    out = {}
+    for ds in docs:
+        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=4096):
+            keep = batch.filter(pc.is_in(batch["doc_id"], pa.array(sorted(wanted), pa.string())))
+            for d, title, text in zip(keep["doc_id"].to_pylist(), keep["title"].to_pylist(),
+                                      keep["text"].to_pylist()):
+                if text is not None:
+                    out[d] = f"{title}\n{text}" if title else text
+    return out
+
+
+class LLMReranker(StoreLLM):
+    """Ray Data actor: query rows (with candidates) -> reranked hits rows."""
+
+    def __init__(self, *, calls: list[dict], **kw):
+        super().__init__(**kw)
+        self.calls = calls
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from xling.jobs.runner import CELL
+
+        rows = batch.to_pylist()
+        out = []
+        for c in sorted({r[CELL] for r in rows}):
+            group = [r for r in rows if r[CELL] == c]
+            out += self._rerank(group, self.calls[c])
+        return pa.Table.from_pylist(out, schema=HITS.append(pa.field(RID, pa.string()))
+                                    .append(pa.field("_shard", pa.int64()))
+                                    .append(pa.field(CELL, pa.int64())))
+
+    def _rerank(self, rows: list[dict], call: dict) -> list[dict]:
+        depth = call["depth"]
+        good = [r for r in rows if r["error"] is None]
+        cands = [Candidates(r["query_id"], r["query"], r["doc_ids"][:depth],
+                            self.cached.engine.truncate(r["texts"][:depth], call["doc_tokens"]))
+                 for r in good]
+        sampling = Sampling(**call["sampling"])
+        options = {"too_long": call["too_long"]} if call["too_long"] else {}
+        def complete(prompts):
+            done, _, _ = self.cached.complete(prompts, sampling, **options)
+            return [c.text if c.error is None else None for c in done]
+
+        if call["method"] == "listwise":
+            results = listwise_rerank(cands, complete, window=call["window"], step=call["step"])
+        else:
+            results = pairwise_rerank(cands, complete, passes=call["passes"])
+        by_query = {r.query_id: r for r in results}
+        out = []
+        for r in rows:
+            base = {RID: r[RID], "_shard": r["_shard"], "_cell": r["_cell"],
+                    "query_id": r["query_id"], "system": call["system"]}
+            res = by_query.get(r["query_id"])
+            if res is None:  # an input error: the first-stage order is kept, flagged
+                out += [{**base, "doc_id": d, "rank": k + 1, "score": float(len(r["doc_ids"]) - k),
+                         "reranked": False, "error": r["error"]}
+                        for k, d in enumerate(r["doc_ids"])]
+                continue
+            order = res.doc_ids + r["doc_ids"][depth:]  # the tail keeps its first-stage order
+            counts = {"llm_calls": res.calls, "reused_pairs": res.cached,
+                      "malformed": res.malformed, "unparseable": res.unparseable,
+                      "failed_calls": res.failed, "missing_texts": r["missing"]}
+            for k, d in enumerate(order):
+                out.append({**base, "doc_id": d, "rank": k + 1, "score": float(len(order) - k),
+                            "reranked": k < depth, **(counts if k == 0 else {}), "error": None})
+        return out
+
