@@ -258,8 +258,8 @@ def test_rerank_trec_input_with_vllm(tmp_path, tiny_models):
     n = len(docs) + 1
     cfg = tmp_path / "rr.yaml"
     common = f"""trec: {tmp_path}/run.trec
-       topics: {{name: ki, path: "{topics}", langs: [fi]}}
-       corpus: {{name: docs, format: jsonl, path: "{corpus}", langs: [en], id_field: docid}}"""
+      topics: {{name: ki, path: "{topics}", langs: [fi]}}
+      corpus: {{name: docs, format: jsonl, path: "{corpus}", langs: [en], id_field: docid}}"""
     cfg.write_text(f"""
 name: rr
 run_root: {tmp_path}/run
@@ -267,7 +267,7 @@ ray: {{num_cpus: 2}}
 rerank:
   shards: 2
   model:
-    {VLLM.replace(chr(10) + '      ', chr(10) + '    ')}
+    {VLLM.replace(chr(10) + '      ', chr(10) + '    ').replace("max_model_len: 512", "max_model_len: 1024")}
   runs:
     - name: listwise
       {common}

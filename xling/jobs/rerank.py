@@ -36,7 +36,7 @@ HITS = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), ("rank", p
                   ("llm_calls", pa.int64()), ("reused_pairs", pa.int64()),
                   ("malformed", pa.int64()), ("unparseable", pa.int64()),
                   ("failed_calls", pa.int64()), ("missing_texts", pa.int64()),
-                  ("error", pa.string())])
+                  ("llm_error", pa.string()), ("error", pa.string())])
 
 
 def default_sampling(run: RerankRun) -> SamplingSpec:
@@ -147,7 +147,10 @@ class RerankStage(Stage):
         totals = {k: int(pc.sum(t[k]).as_py() or 0) for k in
                   ("llm_calls", "reused_pairs", "malformed", "unparseable", "failed_calls",
                    "missing_texts")}
-        return {"llm": {**totals, "queries": t.num_rows}, "trec": "run.trec"}
+        why = sorted({e for e in t["llm_error"].to_pylist() if e})
+        if totals["failed_calls"]:
+            print(f"[rerank] {cell.id}: {totals['failed_calls']} LLM calls failed, e.g. {why[0]}")
+        return {"llm": {**totals, "queries": t.num_rows, "errors": why[:5]}, "trec": "run.trec"}
 
 
 def _open_text(path: str):
@@ -215,8 +218,11 @@ class LLMReranker(StoreLLM):
                  for r in good]
         sampling = Sampling(**call["sampling"])
         options = {"too_long": call["too_long"]} if call["too_long"] else {}
+        errors: list[str] = []
+
         def complete(prompts):
             done, _, _ = self.cached.complete(prompts, sampling, **options)
+            errors.extend(c.error for c in done if c.error)
             return [c.text if c.error is None else None for c in done]
 
         if call["method"] == "listwise":
@@ -237,7 +243,9 @@ class LLMReranker(StoreLLM):
             order = res.doc_ids + r["doc_ids"][depth:]  # the tail keeps its first-stage order
             counts = {"llm_calls": res.calls, "reused_pairs": res.cached,
                       "malformed": res.malformed, "unparseable": res.unparseable,
-                      "failed_calls": res.failed, "missing_texts": r["missing"]}
+                      "failed_calls": res.failed, "missing_texts": r["missing"],
+                      # why calls failed, once per batch (e.g. a window too long for the model)
+                      "llm_error": errors[0] if res.failed and errors else None}
             for k, d in enumerate(order):
                 out.append({**base, "doc_id": d, "rank": k + 1, "score": float(len(order) - k),
                             "reranked": k < depth, **(counts if k == 0 else {}), "error": None})
