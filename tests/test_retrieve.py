@@ -188,6 +188,49 @@ def test_modes_fusion_and_evaluation_on_s3(tmp_path, s3_env, tiny_models):
     again = ok("run", "--config", str(cfg), env=s3_env)
     assert "FAILED" not in again and "committed" not in again
 
+    # LLM reranking of the retrieve stage's runs (`input:`), through the OpenAI-compatible
+    # backend on a local server whose scripted judge puts passages sharing a word with the
+    # query first. Passage texts come from what each run's index was built on: the original
+    # documents for OG, the translate stage's English translations for DT.
+    import re
+
+    from llm_server import LLMServer
+    from xling.tasks.rerank import n_listwise_calls
+
+    def judge(prompt: str) -> str:
+        query = re.search(r"search query: (.*?)\.\n", prompt, re.IGNORECASE).group(1).lower().split()
+        ids = re.findall(r"^\[(\d+)\] (.*)$", prompt, re.MULTILINE)
+        ranked = sorted(ids, key=lambda x: -sum(w in x[1].lower() for w in query))
+        return " > ".join(f"[{k}]" for k, _ in ranked)
+
+    with LLMServer(models=("judge",)) as server:
+        server.reply_fn = judge
+        rerank = {"model": {"backend": "openai", "model": "judge", "base_url": server.url,
+                            "api_key_env": None},
+                  "runs": [{"name": "og-rr", "input": "bm25-og", "depth": 30},
+                           {"name": "dt-rr", "input": "bm25-dt", "depth": 30}]}
+        ok("rerank", "--config", str(cfg), "rerank=" + json.dumps(rerank), env=s3_env)
+        prompts = [p for (_, p) in server.seen]
+    for dl in LANGS:
+        ids = {p["docid"] for p in passages(dl)}
+        for name, base in (("og-rr", "bm25-og"), ("dt-rr", "bm25-dt")):
+            d = next(f"rerank/{c}" for c in store.list_dirs("rerank")
+                     if c.startswith(f"titles.en.{dl}.{name}."))
+            rr, first = read_cell(store, d), runs[(dl, base)]
+            for q in set(first["query_id"].to_pylist()):
+                got = [h for h in rr.to_pylist() if h["query_id"] == q]
+                want = [h["doc_id"] for h in first.to_pylist() if h["query_id"] == q and h["doc_id"]]
+                if not want:  # the first stage found nothing: an error row, counted
+                    assert [h["error"] for h in got] == [
+                        "the first-stage run has no hits for this query"]
+                    continue
+                assert sorted(h["doc_id"] for h in got) == sorted(want)
+                assert got[0]["llm_calls"] == n_listwise_calls(min(30, len(want)))
+            assert store.exists(f"{d}/run.trec")
+            assert {h["doc_id"] for h in rr.to_pylist() if h["doc_id"]} <= ids
+    originals = [p["text"].split("\n")[0][:40] for dl in LANGS for p in passages(dl)]
+    assert any(t in p for t in originals for p in prompts)  # OG prompts show original texts
+
 
 BORDIR = """
 name: bordir

@@ -102,9 +102,12 @@ class RerankStage(Stage):
         texts = _texts(docs, set(hits["doc_id"].to_pylist()), cfg)
         qtext = {r["query_id"]: r["text"] for r in queries.take_all() if r.get("error") is None}
         rows: dict[str, dict] = {}
+        for q in sorted(qtext):  # every query of the topics, hits or not
+            rows[q] = {RID: q, "query_id": q, "query": qtext[q], "doc_ids": [], "texts": [],
+                       "scores": [], "error": None}
         for q, d, s in zip(hits["query_id"].to_pylist(), hits["doc_id"].to_pylist(),
                            hits["score"].to_pylist()):
-            r = rows.setdefault(q, {RID: q, "query_id": q, "query": qtext.get(q), "doc_ids": [],
+            r = rows.setdefault(q, {RID: q, "query_id": q, "query": None, "doc_ids": [],
                                     "texts": [], "scores": [], "error": None})
             r["doc_ids"].append(d)
             r["scores"].append(float(s))
@@ -115,8 +118,10 @@ class RerankStage(Stage):
             r["missing"] = sum(d not in texts for d in r["doc_ids"][:run.depth])
             if r["query"] is None:
                 r["error"] = "query text not found in the topics"
+            elif not r["doc_ids"]:
+                r["error"] = "the first-stage run has no hits for this query"
         if not rows:
-            raise StageFailed(f"rerank {cell.id}: the input run has no hits")
+            raise StageFailed(f"rerank {cell.id}: neither the topics nor the run have queries")
         return ray.data.from_items(list(rows.values()))
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
@@ -238,7 +243,8 @@ class LLMReranker(StoreLLM):
             if res is None:  # an input error: the first-stage order is kept, flagged
                 out += [{**base, "doc_id": d, "rank": k + 1, "score": float(len(r["doc_ids"]) - k),
                          "reranked": False, "error": r["error"]}
-                        for k, d in enumerate(r["doc_ids"])]
+                        for k, d in enumerate(r["doc_ids"])] or [
+                    {**base, "doc_id": None, "rank": 1, "error": r["error"]}]
                 continue
             order = res.doc_ids + r["doc_ids"][depth:]  # the tail keeps its first-stage order
             counts = {"llm_calls": res.calls, "reused_pairs": res.cached,

@@ -1,0 +1,153 @@
+"""Throughput of the `generate` stage against bare `vllm.LLM.generate`, same model, same prompts.
+
+Prompts: questions made from the real Mr.TyDi passages in data/demo ("Summarise in one
+sentence: <passage sentence>"), repeated under new ids up to --prompts, as chat prompts.
+
+Bare engine: one `vllm.LLM` in this process, the prompts through `LLM.chat`'s chat template
+and ONE `generate` call over all of them (vLLM schedules and batches them itself).
+
+xling: the whole `generate` stage (`xling generate`, local Ray): partitioning into shards,
+the generator actor (vLLM in a Ray actor, prompts tokenized and length-checked by xling,
+the cache lookup and write), ordered streaming, Parquet commits and manifests.
+
+Same model, dtype, max_model_len, greedy sampling and max_tokens on both sides. Reported:
+output tokens/s of each, and xling / bare both over the whole run and at steady state
+(the marginal rate between runs on half and all of the prompts, which cancels fixed
+costs: Ray start, actor start, model load).
+
+    .venv/bin/python benchmarks/generate.py --prompts 512 --max-tokens 64
+    python benchmarks/generate.py --model Qwen/Qwen2.5-7B-Instruct --prompts 5000 \
+        --max-tokens 256 --dtype auto --max-model-len 4096 --num-gpus 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def prompts(n: int) -> list[str]:
+    from sentencex import segment
+
+    base = []
+    for f in sorted((ROOT / "data/demo/mrtydi").glob("*.jsonl.gz")):
+        lang = f.name.split(".")[0]
+        for line in gzip.open(f, "rt", encoding="utf-8"):
+            base += [s.strip() for s in segment(lang, json.loads(line)["text"]) if 30 < len(s) < 300]
+    return [f"Summarise in one sentence: {base[i % len(base)]} ({i})" for i in range(n)]
+
+
+def chat_ids(tok, text: str) -> list[int]:
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                  add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5 / 4
+
+
+def bare(args, texts: list[str]) -> dict:
+    from vllm import LLM, SamplingParams
+
+    from xling.jobs.models import resolve_model
+
+    t0 = time.perf_counter()
+    llm = LLM(model=resolve_model(args.model), dtype=args.dtype, max_model_len=args.max_model_len,
+              enforce_eager=args.enforce_eager, seed=0, gpu_memory_utilization=args.gpu_memory)
+    load = time.perf_counter() - t0
+    tok = llm.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, seed=0)
+    out = {"load_s": load}
+    for label, part in (("half", texts[: len(texts) // 2]), ("all", texts)):
+        ids = [{"prompt_token_ids": chat_ids(tok, t)} for t in part]
+        t0 = time.perf_counter()
+        res = llm.generate(ids, params, use_tqdm=False)
+        out[label] = {"s": time.perf_counter() - t0,
+                      "tokens": sum(len(r.outputs[0].token_ids) for r in res)}
+    return out
+
+
+def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
+    from xling.jobs.runner import read_cell
+    from xling.jobs.store import RunStore
+
+    (tmp / f"{label}.jsonl").write_text("".join(
+        json.dumps({"item_id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(texts)))
+    cfg = tmp / f"{label}.yaml"
+    cfg.write_text(json.dumps({
+        "name": f"bench-{label}", "run_root": str(tmp / f"run-{label}"),
+        "ray": {"num_cpus": os.cpu_count()},
+        "generate": {"sampling": {"max_tokens": args.max_tokens}, "shards": args.shards,
+                     "prompts": [{"name": "bench", "path": str(tmp / f"{label}.jsonl")}],
+                     "models": [{"name": "m", "model": args.model, "dtype": args.dtype,
+                                 "max_model_len": args.max_model_len,
+                                 "enforce_eager": args.enforce_eager,
+                                 "gpu_memory_utilization": args.gpu_memory,
+                                 "parallel": {"concurrency": [1, 1], "batch_size": args.batch_size,
+                                              "num_gpus": args.num_gpus}}]}}))
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "xling.jobs.cli", "generate", "--config", str(cfg),
+                        "--no-progress"], cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if p.returncode:
+        sys.exit(p.stdout[-3000:] + p.stderr[-3000:])
+    store = RunStore(str(tmp / f"run-{label}"))
+    cell = next(f"generate/{d}" for d in store.list_dirs("generate"))
+    t = read_cell(store, cell, columns=["n_output_tokens", "error"])
+    errors = [e for e in t["error"].to_pylist() if e]
+    assert not errors, f"{len(errors)} benchmark prompts failed, e.g. {errors[0]}"
+    return {"s": seconds, "tokens": int(sum(x or 0 for x in t["n_output_tokens"].to_pylist()))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny:llama_chat")
+    ap.add_argument("--prompts", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--enforce-eager", action="store_true", default=None)
+    ap.add_argument("--gpu-memory", type=float, default=0.9)
+    ap.add_argument("--num-gpus", type=float, default=0)
+    ap.add_argument("--batch-size", type=int, default=256, help="prompts per actor call")
+    ap.add_argument("--shards", type=int, default=4)
+    args = ap.parse_args()
+    gpu = args.num_gpus > 0
+    if args.enforce_eager is None:
+        args.enforce_eager = not gpu
+    if not gpu:
+        from xling.jobs.tiny_models import VLLM_CPU_ENV
+
+        os.environ.update(VLLM_CPU_ENV)
+    texts = prompts(args.prompts)
+    with tempfile.TemporaryDirectory(prefix="xling-bench-gen-") as tmp:
+        tmp = Path(tmp)
+        x_half = xling(args, texts[: len(texts) // 2], tmp, "half")
+        x_all = xling(args, texts, tmp, "all")
+        b = bare(args, texts)
+    b_rate = b["all"]["tokens"] / b["all"]["s"]
+    b_marg = (b["all"]["tokens"] - b["half"]["tokens"]) / (b["all"]["s"] - b["half"]["s"])
+    x_rate = x_all["tokens"] / x_all["s"]
+    x_marg = (x_all["tokens"] - x_half["tokens"]) / (x_all["s"] - x_half["s"])
+    b_whole = b["all"]["tokens"] / (b["all"]["s"] + b["load_s"])
+    print(f"\nmodel {args.model}, {args.prompts} prompts, max_tokens {args.max_tokens}, "
+          f"{'GPU' if gpu else 'CPU'}")
+    print(f"{'':34s} {'bare vLLM':>12s} {'xling':>12s} {'ratio':>7s}")
+    print(f"{'output tokens':34s} {b['all']['tokens']:12d} {x_all['tokens']:12d}")
+    print(f"{'steady state, output tokens/s':34s} {b_marg:12.1f} {x_marg:12.1f} "
+          f"{x_marg / b_marg:7.2f}")
+    print(f"{'whole run incl. load, tokens/s':34s} {b_whole:12.1f} {x_rate:12.1f} "
+          f"{x_rate / b_whole:7.2f}")
+    print(f"{'generate() only, tokens/s':34s} {b_rate:12.1f}")
+    print(f"bare model load {b['load_s']:.1f}s; xling runs {x_half['s']:.1f}s (half), "
+          f"{x_all['s']:.1f}s (all)")
+
+
+if __name__ == "__main__":
+    main()
