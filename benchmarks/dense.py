@@ -52,8 +52,8 @@ def main() -> None:
     import torch
 
     from xling.actors.embedder import M3Embedder
-    from xling.jobs.config import validate_config
-    from xling.jobs.models import resolve_model
+    from xling.config import validate_config
+    from xling.core.models import resolve_model
 
     model = resolve_model(args.model, key="--model")
     vocab = vocabulary()

@@ -55,7 +55,7 @@ def chat_ids(tok, text: str) -> list[int]:
 def bare(args, texts: list[str]) -> dict:
     from vllm import LLM, SamplingParams
 
-    from xling.jobs.models import resolve_model
+    from xling.core.models import resolve_model
 
     t0 = time.perf_counter()
     llm = LLM(model=resolve_model(args.model), dtype=args.dtype, max_model_len=args.max_model_len,
@@ -74,8 +74,8 @@ def bare(args, texts: list[str]) -> dict:
 
 
 def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
-    from xling.jobs.runner import read_cell
-    from xling.jobs.store import RunStore
+    from xling.core.runner import read_cell
+    from xling.core.store import RunStore
 
     (tmp / f"{label}.jsonl").write_text("".join(
         json.dumps({"item_id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(texts)))
@@ -92,7 +92,7 @@ def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
                                  "parallel": {"concurrency": [1, 1], "batch_size": args.batch_size,
                                               "num_gpus": args.num_gpus}}]}}))
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "xling.jobs.cli", "generate", "--config", str(cfg),
+    p = subprocess.run([sys.executable, "-m", "xling.cli", "generate", "--config", str(cfg),
                         "--no-progress"], cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if p.returncode:
@@ -122,7 +122,7 @@ def main() -> None:
     if args.enforce_eager is None:
         args.enforce_eager = not gpu
     if not gpu:
-        from xling.jobs.tiny_models import VLLM_CPU_ENV
+        from xling.core.models import VLLM_CPU_ENV
 
         os.environ.update(VLLM_CPU_ENV)
     texts = prompts(args.prompts)

@@ -79,8 +79,8 @@ def run_xling(cfg, index_stage, **ray_init) -> tuple[float, float, int]:
     import ray
 
     from xling.jobs.retrieve import RetrieveStage
-    from xling.jobs.runner import Runner
-    from xling.jobs.store import RunStore
+    from xling.core.runner import Runner
+    from xling.core.store import RunStore
 
     ray.init(include_dashboard=False, logging_level=logging.WARNING, **ray_init)
     import ray.data
@@ -119,7 +119,7 @@ def main() -> None:
 
     from xling.actors.lucene import STANDARD, index_collection, open_searcher, start_jvm, \
         write_json_collection
-    from xling.jobs.config import validate_config
+    from xling.config import validate_config
 
     vocab = vocabulary()
     docs = texts(args.docs, 60, 200, vocab, seed=1)

@@ -69,10 +69,10 @@ def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int,
     import ray
     import ray.data
 
-    from xling.jobs.config import validate_config
+    from xling.config import validate_config
     from xling.jobs.ingest import IngestStage
-    from xling.jobs.runner import Runner
-    from xling.jobs.store import RunStore
+    from xling.core.runner import Runner
+    from xling.core.store import RunStore
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     ctx = ray.data.DataContext.get_current()
@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=2, help="DocumentStats actors")
     ap.add_argument("--batch-size", type=int, default=512)
     args = ap.parse_args()
-    from xling.jobs.tiny_models import build_tiny_models
+    from xling.dev.tiny_models import build_tiny_models
 
     tok = str(build_tiny_models(progress=False)["nllb_hf"])
     with tempfile.TemporaryDirectory() as d:

@@ -91,9 +91,9 @@ def bare(model: str, sents: list[str], a) -> dict:
 
 def xling_stage(model: str, corpus: Path, a) -> dict:
     """The whole stage on a fresh run root; wall time, rows and target tokens."""
-    from xling.jobs.config import validate_config
-    from xling.jobs.runner import Runner, read_cell
-    from xling.jobs.store import RunStore
+    from xling.config import validate_config
+    from xling.core.runner import Runner, read_cell
+    from xling.core.store import RunStore
     from xling.jobs.translate import TranslateStage
 
     run_root = tempfile.mkdtemp(prefix="xling-bench-")
@@ -141,7 +141,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from xling.actors.segments import padding_efficiency, token_batches
-    from xling.jobs.models import resolve_model
+    from xling.core.models import resolve_model
 
     model = resolve_model(a.model)
     pairs = real_sentences(a.sentences, model)

@@ -8,14 +8,14 @@
 #   cluster/local-ray-cluster.sh stop
 #
 # behaves as on a real cluster (working_dir upload, tasks on another node, object transfer).
-# A thin wrapper around `python -m xling.jobs.localcluster` -- the same code the tests run;
+# A thin wrapper around `python -m xling.dev.localcluster` -- the same code the tests run;
 # its module docstring explains the choices. In short:
 #   * head:    ray start --head --node-ip-address 127.0.0.1 --port <free> --temp-dir ROOT/head
 #              --dashboard-host 127.0.0.1 --dashboard-port 8265 --num-cpus 1
 #              --resources '{"xling-head": 1}' --object-store-memory 512MiB + explicit ports
 #   * workers: ray start --address 127.0.0.1:<gcs> --temp-dir ROOT/w1 --num-cpus 1
 #              --resources '{"xling-worker": 1}' + their own explicit ports
-#     (run through `python -m xling.jobs.localcluster ray-start`, see "Loopback" there);
+#     (run through `python -m xling.dev.localcluster ray-start`, see "Loopback" there);
 #   * everything listens on 127.0.0.1 only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0);
 #   * token auth with a per-cluster token in ROOT/auth_token: clients need the variables
 #     that `start` and `env` print (RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH, RAY_ADDRESS, ...);
@@ -49,4 +49,4 @@ if [[ " $* " != *" --root "* && " $* " != *" --root="* ]]; then
   args+=(--root "${XLING_RAY_ROOT:-$ROOT/.xling-cache/ray-cluster}")
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PY" -m xling.jobs.localcluster "${args[@]}" "$@"
+exec "$PY" -m xling.dev.localcluster "${args[@]}" "$@"

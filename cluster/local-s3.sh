@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Local S3 server (SeaweedFS) for xling development: a thin wrapper around
-# `python -m xling.jobs.devstore` (all logic and comments live there).
+# `python -m xling.dev.devstore` (all logic and comments live there).
 #
 #   eval "$(cluster/local-s3.sh start --bucket xling-dev)"   # start (or reuse), export AWS_*
 #   eval "$(cluster/local-s3.sh env)"                        # the exports again, new shell
@@ -30,4 +30,4 @@ if [[ " $* " != *" --dir "* && " $* " != *" --dir="* ]]; then
   args+=(--dir "${XLING_S3_DIR:-$ROOT/.xling-cache/s3}")
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PY" -m xling.jobs.devstore "${args[@]}" "$@"
+exec "$PY" -m xling.dev.devstore "${args[@]}" "$@"

@@ -1,14 +1,14 @@
 """Shared pytest fixtures.
 
 S3: `s3_server` is a real SeaweedFS S3 endpoint on 127.0.0.1 for the whole session (see
-xling.jobs.devstore), with the bucket `xling-test`; `s3_env` points the standard AWS
+xling.dev.devstore), with the bucket `xling-test`; `s3_env` points the standard AWS
 variables at it for one test.
 """
 from __future__ import annotations
 
 import pytest
 
-from xling.jobs.devstore import SHADOWING_AWS_VARS, S3Server, start_seaweedfs
+from xling.dev.devstore import SHADOWING_AWS_VARS, S3Server, start_seaweedfs
 
 S3_TEST_BUCKET = "xling-test"
 
@@ -36,7 +36,7 @@ def s3_env(monkeypatch, s3_server) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def tiny_models() -> dict:
     """The tiny same-architecture models (built once; `make test` builds them first)."""
-    from xling.jobs.tiny_models import build_tiny_models
+    from xling.dev.tiny_models import build_tiny_models
 
     return {k: str(v) for k, v in build_tiny_models(progress=False).items()}
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from xling.jobs.store import RunStore, StoreError, parse_run_root
+from xling.core.store import RunStore, StoreError, parse_run_root
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def xling(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "xling.jobs.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "xling.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
 

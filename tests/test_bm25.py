@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from xling.jobs.runner import read_cell
-from xling.jobs.store import RunStore
+from xling.core.runner import read_cell
+from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DOCS = ROOT.parent / "shared" / "data" / "ir" / "sample-docs" / "mrtydi-1.1"
@@ -165,7 +165,7 @@ retrieve:
   runs:
     - {{name: bm25, engine: bm25, collection: mrtydi, mode: og, k1: 0.9, b: 0.4}}
 """)
-    p = subprocess.run([sys.executable, "-m", "xling.jobs.cli", "run", "--config", str(cfg),
+    p = subprocess.run([sys.executable, "-m", "xling.cli", "run", "--config", str(cfg),
                         "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     store = RunStore(str(tmp_path / "run"))
@@ -233,7 +233,7 @@ index:
   collections:
     - {{name: c, format: mrtydi, path: '{data}', langs: [{lang}]}}
 """)
-    args = [sys.executable, "-m", "xling.jobs.cli", "run", "--config", str(cfg), "--no-progress"]
+    args = [sys.executable, "-m", "xling.cli", "run", "--config", str(cfg), "--no-progress"]
     store = RunStore(str(tmp_path / "run"))
 
     def shard_markers() -> dict[int, dict]:

@@ -1,6 +1,6 @@
 """A stage submitted with `ray job submit` to a local two-node Ray cluster.
 
-The cluster is two real raylets on this machine (xling.jobs.localcluster, the same code as
+The cluster is two real raylets on this machine (xling.dev.localcluster, the same code as
 cluster/local-ray-cluster.sh). The job uploads the repository as its working dir and runs
 `xling ingest`; its actor pool is sized so that one actor fits per node, and the cluster's
 state API must show actors of the job's DocumentStats pool on both nodes.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from xling.jobs.localcluster import start_local_cluster
-from xling.jobs.store import RunStore
+from xling.dev.localcluster import start_local_cluster
+from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 

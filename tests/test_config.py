@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from xling.jobs.config import ConfigError, hashable, load_config, parse_override, stable_hash
+from xling.config import load_config
+from xling.core.config import ConfigError, hashable, parse_override, stable_hash
 
 BASE = """
 name: t

@@ -19,7 +19,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from xling.jobs.devstore import S3Server, fast_fail_boto_config
+from xling.dev.devstore import S3Server, fast_fail_boto_config
 
 BUCKET = "xling-test"
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ def local_ray(monkeypatch):
     import ray
     import ray._private.ray_constants as ray_constants
 
-    from xling.jobs.localcluster import loopback_env
+    from xling.dev.localcluster import loopback_env
 
     if ray.is_initialized():
         yield ray
@@ -207,7 +207,7 @@ def test_ray_data_parquet_round_trip(s3_server: S3Server, local_ray):
 
 def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    res = subprocess.run([sys.executable, "-m", "xling.jobs.devstore", *args], cwd=ROOT, env=env,
+    res = subprocess.run([sys.executable, "-m", "xling.dev.devstore", *args], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     if check:
         assert res.returncode == 0, res.stderr
@@ -266,7 +266,7 @@ def test_cli_start_env_stop(tmp_path):
 
 
 def test_missing_weed_binary_is_explained(monkeypatch, tmp_path):
-    from xling.jobs import devstore
+    from xling.dev import devstore
 
     monkeypatch.setattr(devstore.sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -1,4 +1,16 @@
-"""The layer rules of docs/design.md, enforced on the source: a broken rule fails here."""
+"""The layer rules of docs/design.md, enforced on the source: a broken rule fails here.
+
+    cli.py, config.py   know every stage (the top)
+    jobs/               one module per stage, plus the study glue
+    core/               config machinery, run store, runner, pools, sources, LLM calls
+    actors/, tasks/     engines in actors, pure study/IR logic in tasks (the bottom)
+    dev/                tiny models, local S3 and Ray for tests, benchmarks and the demo
+
+Imports only point down. Imports under `if TYPE_CHECKING:` are for type checkers, never run,
+and are left out (jobs/ annotates with the top-level `XlingConfig` that way).
+"""
+
+from __future__ import annotations
 
 import ast
 from pathlib import Path
@@ -8,28 +20,55 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "xling"
 
-# tasks/ is pure Python + numpy/pyarrow: no Ray, no models.
+HEAVY = ("ray", "torch", "transformers", "vllm", "ctranslate2", "FlagEmbedding", "pyserini")
+# layer -> what its modules may not import
 FORBIDDEN = {
-    "tasks": ("xling.jobs", "xling.actors", "ray", "torch", "transformers", "vllm",
-              "ctranslate2", "FlagEmbedding", "pyserini"),
-    "actors": ("xling.jobs", "xling.tasks"),
+    "tasks": ("xling.jobs", "xling.core", "xling.actors", "xling.dev", "xling.cli",
+              "xling.config", *HEAVY),
+    "actors": ("xling.jobs", "xling.core", "xling.tasks", "xling.dev", "xling.cli",
+               "xling.config"),
+    "core": ("xling.jobs", "xling.cli", "xling.config", "xling.dev"),
+    "jobs": ("xling.cli", "xling.config", "xling.dev"),
 }
+# The only modules outside dev/ that may import dev/: the CLI commands that build tiny models
+# or start local services.
+DEV_USERS = ("xling/cli.py",)
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for sub in node.body:
+                lines.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
+    return lines
 
 
 def imports_of(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import that runs, at any depth of the file."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    skip = _type_checking_lines(tree)
     out = []
     for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the package
                 parts = path.relative_to(root).with_suffix("").parts[: -node.level]
                 base = ".".join(parts)
-                out.append((node.lineno, f"{base}.{node.module}" if node.module else base))
+                mod = f"{base}.{node.module}" if node.module else base
             else:
-                out.append((node.lineno, node.module or ""))
+                mod = node.module or ""
+            out.append((node.lineno, mod))
+            # `from xling.dev import devstore` imports the module xling.dev.devstore
+            out += [(node.lineno, f"{mod}.{a.name}") for a in node.names]
     return out
+
+
+def _hits(name: str, banned: str) -> bool:
+    return name == banned or name.startswith(banned + ".")
 
 
 def violations(layer: str, root: Path = PKG) -> list[str]:
@@ -37,14 +76,87 @@ def violations(layer: str, root: Path = PKG) -> list[str]:
     for path in sorted((root / layer).rglob("*.py")):
         for line, name in imports_of(path, root.parent):
             for banned in FORBIDDEN[layer]:
-                if name == banned or name.startswith(banned + "."):
+                if _hits(name, banned):
                     bad.append(f"{path.relative_to(root.parent)}:{line} imports {name}")
-    return bad
+    return sorted(set(bad))
+
+
+def dev_violations(root: Path = PKG) -> list[str]:
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if rel.startswith("xling/dev/") or rel in DEV_USERS:
+            continue
+        bad += [f"{rel}:{line} imports {name}" for line, name in imports_of(path, root.parent)
+                if _hits(name, "xling.dev")]
+    return sorted(set(bad))
+
+
+def module_graph(root: Path = PKG) -> dict[str, set[str]]:
+    """module -> the xling modules it imports (packages resolved to their modules)."""
+    mods = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        deps = set()
+        for _, name in imports_of(path, root.parent):
+            while name and name not in mods:  # `from x.y import f`: the module is x.y
+                name = name.rpartition(".")[0]
+            if name and name != mod and not mod.startswith(name + "."):
+                deps.add(name)
+        graph[mod] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan)."""
+    index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layer_rules_hold(layer):
     assert violations(layer) == []
+
+
+def test_only_the_cli_imports_dev():
+    assert dev_violations() == []
+
+
+def test_no_import_cycles():
+    assert cycles(module_graph()) == []
+
+
+def test_jobs_holds_only_stages_and_the_study_glue():
+    stages = {"ingest", "translate", "index", "retrieve", "rerank", "generate", "judge",
+              "evaluate", "report", "study"}
+    assert {p.stem for p in (PKG / "jobs").glob("*.py")} - {"__init__"} <= stages
 
 
 def test_nothing_imports_tests():
@@ -53,11 +165,52 @@ def test_nothing_imports_tests():
     assert bad == []
 
 
-def test_checker_catches_a_violation(tmp_path):
-    # The rule checker itself must see through `from ... import` and relative imports.
-    (tmp_path / "xling" / "tasks").mkdir(parents=True)
-    (tmp_path / "xling" / "tasks" / "bad.py").write_text(
-        "import os\nfrom ..jobs.store import RunStore\nimport ray.data\n")
-    found = violations("tasks", tmp_path / "xling")
-    assert any("xling.jobs.store" in v for v in found)
-    assert any("ray.data" in v for v in found)
+def _plant(root: Path, files: dict[str, str]) -> Path:
+    pkg = root / "xling"
+    for rel, text in files.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for d in [pkg, *[p for p in pkg.rglob("*") if p.is_dir()]]:
+        (d / "__init__.py").touch()
+    return pkg
+
+
+def test_checker_catches_each_planted_violation(tmp_path):
+    pkg = _plant(tmp_path, {
+        "tasks/bad.py": "import os\nfrom ..core.store import RunStore\nimport ray.data\n"
+                        "def f():\n    from xling.actors.llm import Sampling\n",
+        "actors/bad.py": "from xling.tasks import languages\nfrom xling.jobs.index import X\n",
+        "core/bad.py": "from xling.jobs.translate import TranslateStage\n",
+        "jobs/bad.py": "from xling.dev import tiny_models\n",
+        "jobs/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                         "    from xling.config import XlingConfig\n",
+        "cli.py": "from xling.dev.devstore import start\n",
+    })
+    tasks = violations("tasks", pkg)
+    assert any("xling.core.store" in v for v in tasks)
+    assert any("ray.data" in v for v in tasks)
+    assert any("xling.actors.llm" in v for v in tasks)  # a function-level import counts
+    actors = violations("actors", pkg)
+    assert any("xling.tasks" in v for v in actors) and any("xling.jobs" in v for v in actors)
+    assert any("xling.jobs.translate" in v for v in violations("core", pkg))
+    jobs = violations("jobs", pkg)
+    assert any("jobs/bad.py" in v and "xling.dev" in v for v in jobs)
+    assert not any("typed.py" in v for v in jobs)  # TYPE_CHECKING imports never run
+    assert dev_violations(pkg) == ["xling/jobs/bad.py:1 imports xling.dev",
+                                   "xling/jobs/bad.py:1 imports xling.dev.tiny_models"]
+
+
+def test_checker_catches_a_planted_cycle(tmp_path):
+    pkg = _plant(tmp_path, {
+        "jobs/generate.py": "from xling.jobs.study import prompt_rows\n",
+        "jobs/study.py": "def f():\n    from xling.jobs.judge import judge_cells\n",
+        "jobs/judge.py": "from xling.jobs.generate import GenerateStage\n",
+        "tasks/corpora.py": "from xling.tasks import xrag\n",
+        "tasks/xrag.py": "from xling.tasks.corpora import iter_lines\n",
+        "tasks/fine.py": "from xling.tasks.corpora import iter_lines\n",
+    })
+    found = cycles(module_graph(pkg))
+    assert ["xling.jobs.generate", "xling.jobs.judge", "xling.jobs.study"] in found
+    assert ["xling.tasks.corpora", "xling.tasks.xrag"] in found
+    assert len(found) == 2

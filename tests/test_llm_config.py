@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from llm_server import LLMServer
-from xling.jobs.config import ConfigError, validate_config
+from xling.config import validate_config
+from xling.core.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +22,7 @@ def run(tmp_path, section: dict, stage="generate"):
     (tmp_path / "p.jsonl").write_text(json.dumps({"item_id": "a", "prompt": "hi"}) + "\n")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({"name": "c", "run_root": str(tmp_path / "run"), stage: section}))
-    return subprocess.run([sys.executable, "-m", "xling.jobs.cli", stage, "--config", str(cfg)],
+    return subprocess.run([sys.executable, "-m", "xling.cli", stage, "--config", str(cfg)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
 

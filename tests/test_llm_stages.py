@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 import pytest
 
 from llm_server import LLMServer
-from xling.jobs.runner import read_cell
-from xling.jobs.store import RunStore
+from xling.core.runner import read_cell
+from xling.core.store import RunStore
 from xling.tasks.rerank import n_listwise_calls
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ VLLM = """backend: vllm
 
 
 def cli(*args, env=None, timeout=900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xling.jobs.cli", *args, "--no-progress"],
+    return subprocess.run([sys.executable, "-m", "xling.cli", *args, "--no-progress"],
                           cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from xling.jobs.localcluster import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, ray_bin, start_local_cluster
+from xling.dev.localcluster import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, ray_bin, start_local_cluster
 
 pytestmark = pytest.mark.slow
 

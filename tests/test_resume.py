@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from xling.jobs.runner import read_cell
-from xling.jobs.store import RunStore
+from xling.core.runner import read_cell
+from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 N_SHARDS = 12
@@ -94,7 +94,7 @@ def kill_after_commits(proc, store: RunStore, stage: str, n: int = 3, timeout: f
 
 
 def xling(*args, env=None, **kw):
-    return subprocess.Popen([sys.executable, "-m", "xling.jobs.cli", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "xling.cli", *args], cwd=ROOT,
                             env={**os.environ, **(env or {})}, start_new_session=True, **kw)
 
 
@@ -125,7 +125,7 @@ def test_sigkill_mid_run_then_resume(tmp_path, run_root, tiny_models):
     assert not store.exists(f"ingest/{cell}/_manifest.json")
 
     # xling status sees a partial cell.
-    st = subprocess.run([sys.executable, "-m", "xling.jobs.cli", "status", run_root, "--json"],
+    st = subprocess.run([sys.executable, "-m", "xling.cli", "status", run_root, "--json"],
                         cwd=ROOT, capture_output=True, text=True, check=True)
     [row] = json.loads(st.stdout)
     assert row["state"] == "partial" and row["shards_done"] == len(first)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from xling.jobs.runner import read_cell
-from xling.jobs.store import RunStore
+from xling.core.runner import read_cell
+from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data" / "demo"
@@ -27,7 +27,7 @@ LANGS = ["fi", "sw"]
 
 
 def cli(*args, env=None, timeout=900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xling.jobs.cli", *args, "--no-progress"],
+    return subprocess.run([sys.executable, "-m", "xling.cli", *args, "--no-progress"],
                           cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -381,7 +381,7 @@ evaluate:
 def test_ciral_study_config_and_expected_numbers():
     import yaml
 
-    from xling.jobs.config import load_config
+    from xling.config import load_config
 
     cfg = load_config(ROOT / "configs" / "retrieve-ciral.yaml")
     expected = yaml.safe_load((ROOT / "configs" / "retrieve-ciral.expected.yaml").read_text())

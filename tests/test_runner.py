@@ -7,8 +7,8 @@ runner's control flow; the real stages and engines have their own integration te
 import pyarrow as pa
 import pytest
 
-from xling.jobs.runner import Cell, Runner, Stage, StageFailed, cell_state, read_cell, shard_of
-from xling.jobs.store import RunStore
+from xling.core.runner import Cell, Runner, Stage, StageFailed, cell_state, read_cell, shard_of
+from xling.core.store import RunStore
 
 
 def _upper(batch: pa.Table, drop=(), boom=False) -> pa.Table:
@@ -126,7 +126,7 @@ def test_xling_status_shows_done_partial_failed(ray_local, tmp_path):
     store.delete(f"{cell.dir}/_manifest.json")
     for rel in sorted(p for p in store.list(f"{cell.dir}/_shards"))[3:]:
         store.delete(rel)
-    res = subprocess.run([sys.executable, "-m", "xling.jobs.cli", "status", store.url()],
+    res = subprocess.run([sys.executable, "-m", "xling.cli", "status", store.url()],
                          capture_output=True, text=True, check=True)
     lines = {l.split()[1].split(".")[0]: l.split() for l in res.stdout.splitlines()[2:]}
     assert lines["good"][2:6] == ["done", "5/5", "60", "6"]

@@ -17,8 +17,8 @@ import pytest
 
 from llm_server import LLMServer
 from test_llm_stages import VLLM, ok
-from xling.jobs.runner import read_cell
-from xling.jobs.store import RunStore
+from xling.core.runner import read_cell
+from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

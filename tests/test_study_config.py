@@ -19,7 +19,7 @@ BDATA = f"study.options.data={ROOT}/tests/data/bordirlines"
 
 
 def xling(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xling.jobs.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "xling.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from xling.jobs import tiny_models
-from xling.jobs.tiny_models import MARKER, build_tiny_models, tiny_model_paths
+from xling.dev import tiny_models
+from xling.dev.tiny_models import MARKER, build_tiny_models, tiny_model_paths
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -89,7 +89,7 @@ def test_second_call_reuses_cache(tiny, capfd):
 def test_cache_hit_does_not_import_torch(tiny):
     # The cache check must stay cheap for a Ray driver: no torch/transformers import.
     code = (
-        "import sys, json; from xling.jobs.tiny_models import build_tiny_models; "
+        "import sys, json; from xling.dev.tiny_models import build_tiny_models; "
         f"build_tiny_models({str(tiny['nllb_hf'].parent)!r}, progress=False); "
         "print(json.dumps([m in sys.modules for m in ('torch', 'transformers', 'ctranslate2')]))"
     )

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from xling.actors.segments import decode_limit, segment_document
-from xling.jobs.runner import read_cell
-from xling.jobs.store import RunStore
+from xling.core.runner import read_cell
+from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DOCS = ROOT.parent / "shared" / "data" / "ir" / "sample-docs" / "mrtydi-1.1"
@@ -35,7 +35,7 @@ TARGETS = ["en", "de"]
 
 
 def xling(*args, env=None, **kw):
-    return subprocess.Popen([sys.executable, "-m", "xling.jobs.cli", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "xling.cli", *args], cwd=ROOT,
                             env={**os.environ, **(env or {})}, start_new_session=True, **kw)
 
 
@@ -234,7 +234,7 @@ name: c
 run_root: {tmp_path / 'run'}
 translate:
 {extra}""")
-        p = subprocess.run([sys.executable, "-m", "xling.jobs.cli", "translate", "--config",
+        p = subprocess.run([sys.executable, "-m", "xling.cli", "translate", "--config",
                             str(cfg)], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert p.returncode == 2, p.stderr
         for e in expect:
@@ -262,7 +262,7 @@ translate:
   model: facebook/nllb-200-distilled-600M
   documents: [{{name: m, path: '{docs}', langs: [fi], targets: [en]}}]
 """)
-    p = subprocess.run([sys.executable, "-m", "xling.jobs.cli", "translate", "--config", str(cfg)],
+    p = subprocess.run([sys.executable, "-m", "xling.cli", "translate", "--config", str(cfg)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 2 and "translate.model: cannot convert" in p.stderr, p.stderr
@@ -322,7 +322,7 @@ translate:
 
 @pytest.mark.parametrize("name", ["translate-clef2003.yaml", "translate-ciral.yaml", "demo.yaml"])
 def test_study_configs_validate(name):
-    from xling.jobs.config import load_config
+    from xling.config import load_config
 
     tc = load_config(ROOT / "configs" / name).translate
     pairs = {(s.name, a, b) for s in [*tc.documents, *tc.topics] for a in s.langs for b in s.targets}

@@ -14,7 +14,7 @@ is what instruction-tuned models expect; `chat=False` sends strings as raw compl
 params, prompt), so stages can store and reuse results (jobs/generate.py).
 
 The Ray Data actors that hold an engine for the life of a pool are in jobs/ (they also
-read and write the run store's generation cache): jobs/llm.StoreLLM and its subclasses.
+read and write the run store's generation cache): core/llm.StoreLLM and its subclasses.
 """
 
 from __future__ import annotations

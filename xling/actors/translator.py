@@ -18,8 +18,15 @@ import os
 
 import pyarrow as pa
 
-from xling.actors.segments import (Piece, decode_limit, joiner_for, reassemble,
-                                     segment_document, split_long, token_batches)
+from xling.actors.segments import (
+    Piece,
+    decode_limit,
+    joiner_for,
+    reassemble,
+    segment_document,
+    split_long,
+    token_batches,
+)
 
 OUTPUT = pa.schema([
     ("id", pa.string()), ("kind", pa.string()), ("src_lang", pa.string()),

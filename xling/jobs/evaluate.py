@@ -18,13 +18,68 @@ import io
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field, field_validator
 
-from xling.jobs.config import ConfigError, XlingConfig, hashable
-from xling.jobs.runner import Cell, Stage, code_version, now, read_cell
-from xling.jobs.store import RunStore
+from xling.core.config import ConfigError, Strict, hashable
+from xling.core.runner import Cell, Stage, code_version, now, read_cell
+from xling.core.store import RunStore
+
+if TYPE_CHECKING:
+    from xling.config import XlingConfig
+
+
+# ---------------------------------------------------------------------------------------
+# config: the `evaluate:` section
+
+
+class Comparison(Strict):
+    """A paired comparison: t-test, and PRI / Realized % against the baseline's oracle."""
+
+    baseline: str
+    system: str
+
+
+class ExternalRun(Strict):
+    """A TREC run file made elsewhere, evaluated beside xling's runs."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+    path: str
+    topics: str = Field(description="the retrieve.topics set it answers")
+    qlang: str | None = None
+    doc_lang: str | None = None
+
+
+class EvaluateConfig(Strict):
+    """`evaluate`: trec_eval-convention metrics per query and averaged, oracle, t-tests."""
+
+    runs: list[ExternalRun] = []
+
+    metrics: list[str] = Field(
+        ["map", "ndcg_cut_10", "ndcg_cut_20", "recall_100", "recip_rank"],
+        description="pytrec_eval names: map, ndcg_cut_K, recall_K, P_K, recip_rank")
+    oracle_depth: int = Field(100, ge=1, description="glass ceiling: relevant docs in the "
+                                                     "top-N moved to the top")
+    compare: list[Comparison] = []
+    labels: str | None = Field(None, description="study with a judge panel: human labels "
+                                                 "(jsonl/csv, see the study's tasks/ module) for "
+                                                 "Cohen's kappa of the panel")
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, v: list[str]) -> list[str]:
+        import re
+
+        for m in v:
+            if not re.fullmatch(r"map|recip_rank|(ndcg_cut|recall|P|map_cut)_\d+", m):
+                raise ValueError(f"unknown metric {m!r}: use map, recip_rank, ndcg_cut_K, "
+                                 "recall_K, P_K or map_cut_K")
+        return v
+
+
 
 METRICS = pa.schema([("study", pa.string()), ("setting", pa.string()), ("lang", pa.string()),
                      ("model", pa.string()), ("system", pa.string()), ("metric", pa.string()),
@@ -106,9 +161,8 @@ class EvaluateStage(Stage):
 
 
 def _read_qrels(path: str) -> pa.Table:
+    from xling.core.sources import _open
     from xling.tasks.topics import iter_qrels
-
-    from xling.jobs.sources import _open
 
     with _open(path) as f:
         rows = list(iter_qrels(io.BytesIO(f.read())))

@@ -25,17 +25,95 @@ import functools
 import os
 import tempfile
 import time
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field, field_validator, model_validator
 
-from xling.jobs.config import ConfigError, IndexCollection, XlingConfig, hashable
-from xling.jobs.models import resolve_model
-from xling.jobs.pools import actor_pool
-from xling.jobs.runner import RID, Cell, Stage, StageFailed, now
-from xling.jobs.sources import read_documents, spec_files
-from xling.jobs.store import RunStore
+from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
+from xling.core.models import resolve_model
+from xling.core.pools import actor_pool
+from xling.core.runner import RID, Cell, Stage, StageFailed, now, require_done
+from xling.core.sources import CorpusSpec, read_documents, spec_files
+from xling.core.store import RunStore
+from xling.jobs.translate import translate_cell
 from xling.tasks.languages import get_language
+
+if TYPE_CHECKING:
+    from xling.config import XlingConfig
+
+
+# ---------------------------------------------------------------------------------------
+# config: the `index:` section
+
+
+class IndexCollection(CorpusSpec):
+    """A corpus to index, in its original languages and/or its document translations (DT)."""
+
+    original: bool = Field(True, description="index the documents as they are (OG, QT)")
+    translated: list[str] = Field(
+        [], description="also index the translate stage's DT of these documents into these "
+                        "languages (needs a translate.documents entry of the same name)")
+
+    @field_validator("translated")
+    @classmethod
+    def _translated(cls, v: list[str]) -> list[str]:
+        return [check_lang(c) for c in v]
+
+
+class BM25Index(Strict):
+    """Lucene index options (Anserini IndexCollection); they change the index, not scores."""
+
+    store_raw: bool = Field(False, description="-storeRaw: keep the JSON source in the index")
+    store_docvectors: bool = Field(False, description="-storeDocvectors (for RM3/feedback)")
+    optimize: bool = NoHash(False, description="merge the index into one segment (slower "
+                                               "build, slightly faster search; same scores)")
+    threads: int = NoHash(1, ge=1, description="IndexCollection threads per shard task")
+    heap: str | None = NoHash(None, description="JVM -Xmx for index/search workers, e.g. 4g")
+
+
+class DenseModel(Strict):
+    """BGE-M3 through FlagEmbedding's BGEM3FlagModel."""
+
+    model: str = Field("tiny:bge_m3", description="hub id, local path, or tiny:bge_m3")
+    max_length: int = Field(512, ge=8, description="passage max tokens (the papers use 512)")
+    query_max_length: int = Field(512, ge=8, description="query max tokens")
+    fp16: bool = Field(False, description="half precision (CUDA only; ignored on CPU)")
+    sparse: bool = Field(False, description="also store BGE-M3's sparse (lexical) weights")
+    colbert: bool = Field(False, description="also store BGE-M3's ColBERT vectors")
+    device: Literal["auto", "cpu", "cuda"] = NoHash("auto")
+    encode_batch_size: int = NoHash(32, ge=1, description="texts per model forward pass")
+    parallel: Parallelism = NoHash(Parallelism(batch_size=256))
+
+
+class IndexConfig(Strict):
+    """`index`: BM25 (Lucene, per-language analyzer) and/or dense (BGE-M3) indexes."""
+
+    collections: list[IndexCollection] = Field(min_length=1)
+    engines: list[Literal["bm25", "dense"]] = Field(["bm25"], min_length=1)
+    contents: Literal["title_text", "text"] = Field(
+        "title_text", description="what is indexed: title, newline, text (as pyserini's "
+                                  "Mr.TyDi/MIRACL/CIRAL indexes) or the text alone")
+    bm25: BM25Index = BM25Index()
+    dense: DenseModel = DenseModel()
+    shards: int = NoHash(8, ge=1, le=100_000, description="shards per index cell; each is "
+                                                          "indexed by its own task, then merged")
+    parallel: Parallelism = NoHash(Parallelism(batch_size=1024, num_cpus=0.5))
+
+    @model_validator(mode="after")
+    def _names(self) -> "IndexConfig":
+        names = [c.name for c in self.collections]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"collection names must be unique: {dup}")
+        for c in self.collections:
+            if not c.original and not c.translated:
+                raise ValueError(f"collection '{c.name}' indexes nothing: set original: true "
+                                 "or list `translated:` languages")
+        return self
+
+
 
 LUCENE_MARKER = "_xling_lucene.json"
 INDEX_DIR = "lucene/index"
@@ -52,31 +130,6 @@ def analyzer_for(lang: str) -> tuple[str, bool]:
     if lucene in ANALYZED and not get_language(lang).lucene_fallback:
         return lucene, False
     return STANDARD, True
-
-
-def translate_cell(cfg: XlingConfig, kind: str, source: str, src: str, tgt: str) -> Cell:
-    """The translate stage's cell that holds a DT or QT (config validation made sure of it)."""
-    from xling.jobs.translate import TranslateStage
-
-    for cell in TranslateStage().cells(cfg):
-        if cell.params["kind"] == kind and cell.key == {"source": source, "src": src, "tgt": tgt}:
-            return cell
-    raise StageFailed(f"the config's translate section has no {kind} translation "
-                      f"'{source}' {src}->{tgt}")
-
-
-class MissingInput(StageFailed, ConfigError):
-    """An earlier stage's output is not in the store: before Ray starts this is a config-time
-    error (exit 2) naming the stage to run; on a worker it fails the cell."""
-
-
-def require_done(store: RunStore, cell: Cell, needed_by: str) -> dict:
-    manifest = store.read_json_or_none(f"{cell.dir}/_manifest.json")
-    if manifest is None:
-        raise MissingInput(
-            f"{needed_by} needs the {cell.stage} stage's output {cell.id}, which is not in "
-            f"{store.url(cell.stage)}: run `xling {cell.stage} --config ...` first")
-    return manifest
 
 
 def index_cells(cfg: XlingConfig) -> list[Cell]:

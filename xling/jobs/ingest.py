@@ -1,6 +1,6 @@
 """`ingest` stage: corpora in their published formats -> documents rows in the run store.
 
-One cell per (corpus, language). Files are streamed by `jobs/sources.py` through the parsers
+One cell per (corpus, language). Files are streamed by `core/sources.py` through the parsers
 of `tasks/corpora.py` (JSON lines, Parquet, CLEF SGML; a malformed record is an error row),
 then measured by an actor pool of `actors.doc_stats.DocumentStats` (sentences and subword
 tokens per document, which size the translation work). Later stages read documents from
@@ -9,12 +9,37 @@ here instead of from the raw files.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
 from xling.actors.doc_stats import DocumentStats
-from xling.jobs.config import XlingConfig, hashable
-from xling.jobs.models import resolve_model
-from xling.jobs.pools import actor_pool
-from xling.jobs.runner import Cell, Stage
-from xling.jobs.sources import read_documents, spec_files
+from xling.core.config import NoHash, Parallelism, Strict, hashable
+from xling.core.models import resolve_model
+from xling.core.pools import actor_pool
+from xling.core.runner import Cell, Stage
+from xling.core.sources import CorpusSpec, read_documents, spec_files
+
+if TYPE_CHECKING:
+    from xling.config import XlingConfig
+
+
+# ---------------------------------------------------------------------------------------
+# config: the `ingest:` section
+
+
+class IngestConfig(Strict):
+    """`ingest`: read corpora into the documents schema, segmented and token-counted."""
+
+    corpora: list[CorpusSpec] = Field(min_length=1)
+    tokenizer: str = Field(
+        "tiny:nllb_hf",
+        description="tokenizer for n_tokens: a hub id, a local path, or tiny:<name>",
+    )
+    shards: int = NoHash(8, ge=1, le=100_000, description="deterministic shards per cell")
+    parallel: Parallelism = NoHash(Parallelism())
+
+
 
 
 class IngestStage(Stage):

@@ -2,12 +2,12 @@
 
 One cell per (generate cell, judge). Judges are LLM entries like generate's models (vLLM or
 an OpenAI-compatible endpoint, mixed freely); judges that load the same engine share one
-actor pool, and every judgment is cached like a generation (jobs/llm.py), so adding a judge
+actor pool, and every judgment is cached like a generation (core/llm.py), so adding a judge
 to a panel or rerunning a killed job asks only what was not asked yet.
 
     read   the generate cell's rows -> judge prompts (the study's tasks/ module); a
            generation that failed becomes a judgment error row, not a call
-    map    StoreGenerator actors (jobs/generate.py) with the `verdict` parser
+    map    StoreGenerator actors (core/llm.py) with the `verdict` parser
            (tasks/judge.py), then the rows are renamed into judgments
     write  the runner commits judgments shard by shard
 
@@ -17,14 +17,55 @@ in the evaluate stage, which sees the whole panel.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field, model_validator
 
-from xling.jobs.config import XlingConfig
-from xling.jobs.generate import GenerateStage, generate_pool
-from xling.jobs.llm import check_model, engine_params, sampling_of
-from xling.jobs.runner import CELL, RID, Cell, part_files
-from xling.jobs.store import RunStore
+from xling.core.config import NoHash, Strict
+from xling.core.llm import (
+    LLMSpec,
+    SamplingSpec,
+    check_model,
+    engine_group,
+    engine_params,
+    generate_pool,
+    sampling_of,
+)
+from xling.core.runner import CELL, RID, Cell, Stage, part_files, read_rows, require_done
+from xling.core.store import RunStore
+from xling.tasks.prompts import built_prompt_table
+
+if TYPE_CHECKING:
+    from xling.config import XlingConfig
+
+
+# ---------------------------------------------------------------------------------------
+# config: the `judge:` section
+
+
+class JudgeConfig(Strict):
+    """`judge`: a panel of LLM judges over the study's generations (vLLM and API judges can be
+    mixed); the evaluate stage takes the majority vote over the judges whose verdict parsed,
+    AND a lingua check of the answer's language."""
+
+    judges: list[LLMSpec] = Field(min_length=1, description="the panel (XRAG uses 3)")
+    sampling: SamplingSpec = SamplingSpec(temperature=0.0, max_tokens=256)
+    language_check: bool = Field(True, description="lingua, restricted to the study's languages")
+    cache: bool = NoHash(True, description="reuse stored judgments with the same key")
+    shards: int = NoHash(4, ge=1, le=100_000, description="deterministic shards per cell")
+
+    @model_validator(mode="after")
+    def _names(self) -> "JudgeConfig":
+        names = [m.label for m in self.judges]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"judge.judges: names must be unique, {dup} repeat (give each "
+                             "judge its own `name:`)")
+        return self
+
+
 
 JUDGMENTS = pa.schema([
     ("item_id", pa.string()), ("study", pa.string()), ("setting", pa.string()),
@@ -35,52 +76,55 @@ JUDGMENTS = pa.schema([
     ("error", pa.string())])
 
 
-def judge_cells(cfg: XlingConfig) -> list[Cell]:
-    jc = cfg.judge
-    gens = [c for c in GenerateStage().cells(cfg) if "study" in c.params["prompts"]]
-    cells = []
-    for g in gens:
-        for spec in jc.judges:
-            model = engine_params(spec)
-            params = {"generation": g.dir, "model": model,
-                      "sampling": sampling_of(spec, jc.sampling).as_dict(),
-                      "options": cfg.study.options}
-            cells.append(Cell("judge", {**g.key, "judge": spec.label}, params, inputs=[g.dir],
-                              n_shards=jc.shards))
-    return cells
+class JudgeStage(Stage):
+    """Judges the generations of `generation_cells(cfg)`; what a judge is asked about each
+    generation comes from `judge_rows`. The study glue (jobs/study.py) provides both, so this
+    stage knows no study."""
 
-
-class JudgeStage(GenerateStage):
     name = "judge"
+    id_column = "item_id"
+
+    def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
+        raise NotImplementedError("the judge stage judges a study's generations "
+                                  "(jobs/study.py's StudyJudgeStage)")
+
+    def judge_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
+        raise NotImplementedError
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
-        return judge_cells(cfg)
+        jc = cfg.judge
+        cells = []
+        for g in self.generation_cells(cfg):
+            for spec in jc.judges:
+                params = {"generation": g.dir, "model": engine_params(spec),
+                          "sampling": sampling_of(spec, jc.sampling).as_dict(),
+                          "options": cfg.study.options}
+                cells.append(Cell("judge", {**g.key, "judge": spec.label}, params,
+                                  inputs=[g.dir], n_shards=jc.shards))
+        return cells
+
+    def group(self, cell: Cell) -> str:
+        return engine_group(cell.params["model"])
 
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
-        from xling.jobs.index import require_done
-
         for i, spec in enumerate(cfg.judge.judges):
             check_model(spec, f"judge.judges[{i}]")
         if "generate" not in upstream:
-            gens = {c.dir: c for c in GenerateStage().cells(cfg)}
+            gens = {c.dir: c for c in self.generation_cells(cfg)}
             for d in sorted({c.params["generation"] for c in self.cells(cfg)}):
                 require_done(store, gens[d], "the judge stage")
 
     def read(self, cell: Cell, cfg: XlingConfig):
         import ray.data
 
-        from xling.jobs.study import read_rows, study_module
-        from xling.tasks.prompts import built_prompt_table
-
         gens = read_rows(RunStore(cfg.run_root), [cell.params["generation"]],
                          ["item_id", "study", "setting", "lang", "model", "parsed", "output",
                           "error"], f"judge cell {cell.id}")
-        t = built_prompt_table(study_module(cfg).judge_rows(cell.params["options"], gens),
-                               where=cell.key["setting"])
+        t = built_prompt_table(self.judge_rows(cfg, cell, gens), where=cell.key["setting"])
         return ray.data.from_arrow(t.append_column(RID, t["item_id"]))
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
-        ds = generate_pool(ds, cfg, {s.label: s for s in cfg.judge.judges},
+        ds = generate_pool(ds, cfg.run_root, {s.label: s for s in cfg.judge.judges},
                            [(c.key["judge"], c.params["sampling"], "verdict") for c in cells],
                            cache=cfg.judge.cache, where="judge.judges")
         return ds.map_batches(as_judgments, batch_format="pyarrow",

@@ -7,8 +7,8 @@ manifests and shard markers, so it also works on a run that is still going or wa
 
 from __future__ import annotations
 
-from xling.jobs.runner import now, run_status
-from xling.jobs.store import RunStore
+from xling.core.runner import now, run_status
+from xling.core.store import RunStore
 
 
 def status_table(rows: list[dict]) -> str:

@@ -8,7 +8,7 @@ documents, or the translate stage's DT translations).
 
     read   hits + queries + passage texts -> one row per query (driver-side join)
     map    LLMReranker actors: a batch of queries reranked in lockstep, every LLM call one
-           batch over all of them; answers go through the generation cache (jobs/llm.py)
+           batch over all of them; answers go through the generation cache (core/llm.py)
     write  hits rows (the new order, then the unreranked tail), per-query call counts;
            `run.trec` per cell
 
@@ -19,19 +19,84 @@ hold control between calls (docs/design.md).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field, model_validator
 
 from xling.actors.llm import Sampling
-from xling.jobs.config import RerankRun, SamplingSpec, XlingConfig, hashable
-from xling.jobs.llm import (StoreLLM, actor_env, check_model, engine_params, engine_spec,
-                             num_gpus,
-                             sampling_of)
-from xling.jobs.pools import actor_pool
-from xling.jobs.runner import RID, Cell, Stage, StageFailed, part_files, read_cell
-from xling.jobs.sources import read_documents, read_queries, spec_files
-from xling.jobs.store import RunStore
+from xling.core.config import NoHash, Strict, hashable
+from xling.core.llm import (
+    LLMSpec,
+    SamplingSpec,
+    StoreLLM,
+    actor_env,
+    check_model,
+    engine_params,
+    engine_spec,
+    num_gpus,
+    sampling_of,
+)
+from xling.core.pools import actor_pool
+from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, read_cell
+from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
+from xling.core.store import RunStore
 from xling.tasks.rerank import Candidates, listwise_rerank, pairwise_rerank
+
+if TYPE_CHECKING:
+    from xling.config import XlingConfig
+
+
+# ---------------------------------------------------------------------------------------
+# config: the `rerank:` section
+
+
+class RerankRun(Strict):
+    """An LLM reranking of a first-stage run: the retrieve stage's run or fusion named by
+    `input`, or a TREC run file (`trec`, with `topics` and `corpus` for the texts)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    input: str | None = Field(None, description="a retrieve.runs or retrieve.fusion name")
+    trec: str | None = Field(None, description="a TREC run file made elsewhere")
+    topics: TopicSpec | None = Field(None, description="with trec: the queries' file")
+    corpus: CorpusSpec | None = Field(None, description="with trec: the documents' file")
+    method: Literal["listwise", "pairwise"] = "listwise"
+    depth: int = Field(100, ge=2, le=1000, description="first-stage hits reranked; the rest "
+                                                       "keep their order below them")
+    window: int = Field(20, ge=2, description="listwise window (RankGPT: 20)")
+    step: int = Field(10, ge=1, description="listwise step (RankGPT: 10)")
+    passes: int = Field(10, ge=1, description="pairwise bubble-sort passes = top-k sorted")
+    doc_tokens: int = Field(128, ge=8, description="passages truncated to this many tokens "
+                                                   "(LLM-CLIR: 64, 128 or 256)")
+
+    @model_validator(mode="after")
+    def _source(self) -> "RerankRun":
+        if (self.input is None) == (self.trec is None):
+            raise ValueError(f"rerank run '{self.name}': give exactly one of `input` (a retrieve "
+                             "run) or `trec` (a run file)")
+        if self.trec is not None and (self.topics is None or self.corpus is None):
+            raise ValueError(f"rerank run '{self.name}': a `trec` input needs `topics:` and "
+                             "`corpus:` for the query and passage texts")
+        if self.step > self.window:
+            raise ValueError(f"rerank run '{self.name}': step {self.step} > window {self.window} "
+                             "would skip passages")
+        return self
+
+
+class RerankConfig(Strict):
+    """`rerank`: listwise (RankGPT/RankZephyr) or pairwise (PRP) LLM reranking of runs."""
+
+    model: LLMSpec
+    sampling: SamplingSpec | None = Field(
+        None, description="default: greedy, max_tokens 8 (pairwise) or 6 x window (listwise)")
+    runs: list[RerankRun] = Field(min_length=1)
+    cache: bool = NoHash(True, description="reuse stored LLM answers with the same key")
+    shards: int = NoHash(4, ge=1, le=100_000, description="query shards per cell")
+    batch_queries: int = NoHash(64, ge=1, description="queries advancing in lockstep per "
+                                                     "actor call (each LLM call batches them)")
+
+
 
 HITS = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), ("rank", pa.int64()),
                   ("score", pa.float64()), ("system", pa.string()), ("reranked", pa.bool_()),
@@ -163,7 +228,7 @@ class RerankStage(Stage):
 def _open_text(path: str):
     import io
 
-    from xling.jobs.sources import _open
+    from xling.core.sources import _open
 
     with _open(path) as f:
         return io.StringIO(f.read().decode("utf-8"))
@@ -206,7 +271,7 @@ class LLMReranker(StoreLLM):
         self.calls = calls
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from xling.jobs.runner import CELL
+        from xling.core.runner import CELL
 
         rows = batch.to_pylist()
         out = []

@@ -21,17 +21,123 @@ same runner: their input rows are queries with the hits of each fused run.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field, field_validator, model_validator
 
-from xling.jobs.config import RunSpec, TopicSet, XlingConfig, hashable
-from xling.jobs.index import LUCENE_MARKER, INDEX_DIR, find_index, require_done, \
-    translate_cell
-from xling.jobs.pools import actor_pool
-from xling.jobs.runner import RID, Cell, Stage, StageFailed, part_files
-from xling.jobs.sources import read_queries, spec_files
-from xling.jobs.store import RunStore
+from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
+from xling.core.models import resolve_model
+from xling.core.pools import actor_pool
+from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, require_done
+from xling.core.sources import TopicSpec, read_queries, spec_files
+from xling.core.store import RunStore
+from xling.jobs.index import INDEX_DIR, LUCENE_MARKER, find_index
+from xling.jobs.translate import translate_cell
+
+if TYPE_CHECKING:
+    from xling.config import XlingConfig
+
+
+# ---------------------------------------------------------------------------------------
+# config: the `retrieve:` section
+
+
+MODES = ("og", "qt", "dt", "qlang", "rel_langs", "qlang_en", "en", "swap")
+
+
+class TopicSet(TopicSpec):
+    """Queries to search, with the document languages they are searched against."""
+
+    format: Literal["tsv", "clef", "jsonl"] = "tsv"
+    doc_langs: list[str] = Field(
+        min_length=1, description="document languages searched; `{doc_lang}` in `path` and "
+                                  "`qrels` is replaced by each (CIRAL: one topic file each)")
+    qrels: str | None = Field(None, description="TREC qrels file for `evaluate`; `{doc_lang}` "
+                                                 "and `{lang}` are replaced")
+    translations: str | None = Field(
+        None, description="name of the translate.topics entry holding this set's QT "
+                          "(default: this name); `{doc_lang}` is replaced")
+
+    @field_validator("doc_langs")
+    @classmethod
+    def _doc_langs(cls, v: list[str]) -> list[str]:
+        return [check_lang(c) for c in v]
+
+
+class RunSpec(Strict):
+    """One first-stage system: an engine over an indexed collection, in a cross-lingual mode.
+
+    og: original queries against original documents; qt: queries translated into the
+    document language (translate stage) against original documents; dt: original queries
+    against the documents translated into the query language. BordIRLines' modes search
+    language partitions per query: qlang (the query's language), en, qlang_en (both),
+    rel_langs (the languages of the territory's claimants, a `rel_langs` topic column) and
+    swap (rel_langs without the query's own language).
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    engine: Literal["bm25", "dense"] = "bm25"
+    collection: str = Field(description="an index.collections name")
+    mode: Literal[MODES] = "og"  # type: ignore[valid-type]
+    topics: list[str] | None = Field(None, description="the topic sets it searches (default: all)")
+    k1: float = Field(0.9, gt=0, description="BM25 k1 (LLM-CLIR uses 0.9)")
+    b: float = Field(0.4, ge=0, le=1, description="BM25 b (LLM-CLIR uses 0.4)")
+    weights: dict[Literal["dense", "sparse", "colbert"], float] = Field(
+        {"dense": 1.0}, description="dense engine score weights; BordIRLines' M3 hybrid is "
+                                    "{dense: 1, sparse: 0.3, colbert: 1}")
+    merge: Literal["score", "interleave"] = Field(
+        "score", description="how per-partition hits of one query are merged (BordIRLines modes)")
+
+
+class FusionSpec(Strict):
+    """A run fused from other runs: RRF (k=60) or weighted score interpolation."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    runs: list[str] = Field(min_length=2)
+    method: Literal["rrf", "interpolate"] = "rrf"
+    k: int = Field(60, ge=0, description="RRF constant (Cormack et al. 2009)")
+    depth: int = Field(1000, ge=1, description="hits of each input run taken into the fusion")
+    weights: list[float] | None = Field(None, description="interpolate: one weight per run")
+    normalize: Literal["minmax", "none"] = "minmax"
+
+
+class RetrieveConfig(Strict):
+    """`retrieve`: first-stage runs (BM25, dense) in OG/QT/DT or BordIRLines modes, fusions."""
+
+    topics: list[TopicSet] = Field(min_length=1)
+    runs: list[RunSpec] = Field(min_length=1)
+    fusion: list[FusionSpec] = []
+    depth: int = Field(100, ge=1, le=10_000, description="hits kept per query")
+    shards: int = NoHash(4, ge=1, le=100_000, description="query shards per cell")
+    threads: int = NoHash(1, ge=1, description="Lucene search threads per actor")
+    parallel: Parallelism = NoHash(Parallelism(batch_size=64))
+
+    @model_validator(mode="after")
+    def _refs(self) -> "RetrieveConfig":
+        names = [r.name for r in [*self.runs, *self.fusion]]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"run and fusion names must be unique: {dup}")
+        known = {r.name for r in self.runs}
+        sets = {t.name for t in self.topics}
+        for r in self.runs:
+            unknown = sorted(set(r.topics or []) - sets)
+            if unknown:
+                raise ValueError(f"run '{r.name}' names unknown topic sets {unknown}; "
+                                 f"known: {sorted(sets)}")
+        for f in self.fusion:
+            missing = [r for r in f.runs if r not in known]
+            if missing:
+                raise ValueError(f"fusion '{f.name}' fuses unknown runs {missing}; "
+                                 f"known runs: {sorted(known)}")
+            if f.weights is not None and len(f.weights) != len(f.runs):
+                raise ValueError(f"fusion '{f.name}': {len(f.weights)} weights for "
+                                 f"{len(f.runs)} runs")
+        return self
+
+
 
 MULTI = "multi"  # doc_lang key of the BordIRLines modes: partitions are chosen per query
 HITS = pa.schema([("query_id", pa.string()), ("lang", pa.string()), ("doc_id", pa.string()),
@@ -157,8 +263,6 @@ class RetrieveStage(Stage):
             kwargs = dict(store_uri=store.uri, k=rc.depth, k1=run.k1, b=run.b,
                           threads=rc.threads, merge=run.merge, heap=cfg.index.bm25.heap)
         else:
-            from xling.jobs.dense import StoreDenseSearcher, dense_kwargs
-
             cls = StoreDenseSearcher
             kwargs = dict(store_uri=store.uri, k=rc.depth, merge=run.merge,
                           **dense_kwargs(cfg))
@@ -361,3 +465,33 @@ def _fuse(batch: pa.Table, *, specs: dict, depth: int) -> pa.Table:
             "doc_lang": pa.nulls(n, pa.string()), "system": fused["system"],
             "error": pa.nulls(n, pa.string())}))
     return pa.concat_tables(out) if out else batch.slice(0, 0)
+
+
+# ---------------------------------------------------------------------------------------
+# the dense retriever actor wired to the run store: settings from config, shards from cells
+
+
+def dense_kwargs(cfg: XlingConfig) -> dict:
+    """Query-side BGE-M3 settings: the index's model, with the query max length."""
+    d = cfg.index.dense
+    return {"embedder": dict(model=resolve_model(d.model, key="index.dense.model"),
+                             max_length=d.query_max_length, batch_size=d.encode_batch_size,
+                             use_fp16=d.fp16, device=None if d.device == "auto" else d.device)}
+
+
+class StoreDenseSearcher:
+    """DenseRetriever whose index locations are dense index cells in the run store."""
+
+    def __init__(self, *, store_uri: str, **kw):
+        from xling.actors.dense_retriever import DenseRetriever
+
+        store = RunStore(store_uri)
+
+        def load(cell_dir: str):
+            manifest = store.read_json(f"{cell_dir}/_manifest.json")
+            return [store.read_parquet(f"{cell_dir}/{f}") for f in manifest["files"]]
+
+        self.inner = DenseRetriever(load=load, **kw)
+
+    def __call__(self, batch):
+        return self.inner(batch)

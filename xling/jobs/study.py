@@ -11,12 +11,47 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
+from pydantic import Field, model_validator
 
-from xling.jobs.config import ConfigError, XlingConfig
-from xling.jobs.runner import Cell
-from xling.jobs.store import RunStore
+from xling.core.config import ConfigError, Strict
+from xling.core.runner import Cell, read_rows, require_done
+from xling.core.store import RunStore
+from xling.jobs.generate import GenerateStage
+from xling.jobs.judge import JudgeStage
+from xling.jobs.translate import TranslateStage, translate_cell
+
+if TYPE_CHECKING:
+    from xling.config import XlingConfig
+
+
+# ---------------------------------------------------------------------------------------
+# config: the `study:` section
+
+
+STUDIES = ("xrag", "bordirlines")  # modules under xling/tasks/
+
+
+class StudyConfig(Strict):
+    """`study`: a study's tasks/ module (`xling/tasks/<task>.py`) and its options. The module
+    builds the generate stage's prompts, the judge prompts, and the metrics and tables of
+    the evaluate stage; `options` are checked by the module's `check_options`."""
+
+    task: Literal[STUDIES]  # type: ignore[valid-type]
+    options: dict = Field(default_factory=dict, description="the study's options (see the "
+                                                            "module's check_options)")
+
+    @model_validator(mode="after")
+    def _options(self) -> "StudyConfig":
+        import importlib
+
+        module = importlib.import_module(f"xling.tasks.{self.task}")
+        object.__setattr__(self, "options", module.check_options(dict(self.options)))
+        return self
+
+
 
 
 def study_module(cfg: XlingConfig) -> ModuleType:
@@ -26,8 +61,7 @@ def study_module(cfg: XlingConfig) -> ModuleType:
 def prompt_sets(cfg: XlingConfig) -> list[dict]:
     """The study's prompt sets: setting, lang, parser, input files and (for settings over
     machine-translated documents) the translate cell that holds the translations."""
-    from xling.jobs.index import translate_cell
-    from xling.jobs.runner import StageFailed
+    from xling.core.runner import StageFailed
 
     mod, opts = study_module(cfg), cfg.study.options
     files = mod.input_files(opts)
@@ -59,9 +93,7 @@ def translations(cfg: XlingConfig, store: RunStore, cell_id: str) -> dict[str, s
     then reports those articles as missing)."""
     import pyarrow.compute as pc
 
-    from xling.jobs.index import require_done
-    from xling.jobs.runner import read_cell
-    from xling.jobs.translate import TranslateStage
+    from xling.core.runner import read_cell
 
     cell = next(c for c in TranslateStage().cells(cfg) if c.id == cell_id)
     require_done(store, cell, "the study's prompts")
@@ -88,36 +120,53 @@ STUDY_METRICS = pa.schema([("study", pa.string()), ("setting", pa.string()), ("l
                            ("ci_high", pa.float64()), ("n", pa.int64())])
 
 
+class StudyGenerateStage(GenerateStage):
+    """The generate stage with the study's prompt sets added to generate.prompts' files."""
+
+    def prompt_sets(self, cfg: XlingConfig) -> list[tuple[dict, dict, list[str]]]:
+        sets = super().prompt_sets(cfg)
+        for ps in prompt_sets(cfg) if cfg.study is not None else []:
+            sets.append(({"study": ps["study"], "setting": ps["setting"], "lang": ps["lang"]},
+                         {k: v for k, v in ps.items() if k != "files"}, ps["files"]))
+        return sets
+
+    def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
+        super().prepare(cfg, store, upstream)
+        if cfg.study is not None and "translate" not in upstream:
+            needed = {c.params["prompts"].get("translation") for c in self.cells(cfg)} - {None}
+            for tc in TranslateStage().cells(cfg) if needed else []:
+                if tc.id in needed:
+                    require_done(store, tc, "the study's prompts")
+
+    def prompt_rows(self, cell: Cell, cfg: XlingConfig) -> pa.Table:
+        if "study" in cell.params["prompts"]:
+            return prompt_rows(cfg, cell.params["prompts"])
+        return super().prompt_rows(cell, cfg)
+
+
+def study_generations(cfg: XlingConfig) -> list[Cell]:
+    return [c for c in StudyGenerateStage().cells(cfg) if "study" in c.params["prompts"]]
+
+
+class StudyJudgeStage(JudgeStage):
+    """The judge stage over the study's generations, with the study's judge prompts."""
+
+    def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
+        return study_generations(cfg)
+
+    def judge_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
+        return study_module(cfg).judge_rows(cell.params["options"], gens)
+
+
 def evaluate_cell(cfg: XlingConfig) -> Cell:
     """The evaluate stage's one cell for the study: every generation (and judgment) of it."""
-    from xling.jobs.generate import GenerateStage
-    from xling.jobs.judge import judge_cells
-
-    gens = [c.dir for c in GenerateStage().cells(cfg) if "study" in c.params["prompts"]]
-    judged = [c.dir for c in judge_cells(cfg)] if cfg.judge is not None else []
+    gens = [c.dir for c in study_generations(cfg)]
+    judged = [c.dir for c in StudyJudgeStage().cells(cfg)] if cfg.judge is not None else []
     labels = cfg.evaluate.labels
     params = {"generations": gens, "judgments": judged, "options": cfg.study.options,
               "language_check": bool(cfg.judge and cfg.judge.language_check), "labels": labels}
     return Cell("evaluate", {"study": cfg.study.task}, params,
                 inputs=[*gens, *judged, *([labels] if labels else [])], n_shards=1)
-
-
-def read_rows(store: RunStore, dirs: list[str], columns: list[str], needed_by: str) -> list[dict]:
-    """The rows of committed cells as dicts (`parsed` maps as dicts)."""
-    from xling.jobs.runner import read_cell
-    from xling.jobs.index import MissingInput
-
-    rows = []
-    for d in dirs:
-        try:
-            rows += read_cell(store, d, columns=columns).to_pylist()
-        except FileNotFoundError:
-            raise MissingInput(f"{needed_by} needs {d}, which is not committed in {store.url()}: "
-                               f"run `xling {d.split('/')[0]} --config ...` first") from None
-    for r in rows:
-        if r.get("parsed") is not None:
-            r["parsed"] = dict(r["parsed"])
-    return rows
 
 
 def detect_languages(opts: dict, gens: list[dict]) -> tuple[dict, dict]:
@@ -145,7 +194,7 @@ def run_evaluate(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) ->
     """Score the study's generations the paper's way: items, metrics and the paper's tables."""
     import time
 
-    from xling.jobs.runner import code_version, now
+    from xling.core.runner import code_version, now
 
     t0 = time.time()
     mod, opts = study_module(cfg), cell.params["options"]

@@ -5,28 +5,120 @@ one pipeline and one actor pool (`actors/translator.py`), which holds one
 `ctranslate2.Translator` and knows each cell's direction, so a corpus translated into three
 languages loads the model once per actor, not three times.
 
-    read   corpus / topic files -> documents / queries rows (jobs/sources.py, streamed)
+    read   corpus / topic files -> documents / queries rows (core/sources.py, streamed)
     map    Translator actors: sentences, split, token batches, CTranslate2, reassembly
-    write  the runner commits translations rows shard by shard (jobs/runner.py)
+    write  the runner commits translations rows shard by shard (core/runner.py)
 
 The model is prepared on the driver before the pool starts: a CTranslate2 directory is used
 as it is; a Transformers checkpoint is converted once into the run store (`_models/ct2/`),
-from where each actor fetches it (jobs/models.py), so workers on other nodes need neither
+from where each actor fetches it (core/models.py), so workers on other nodes need neither
 the hub nor the driver's disk.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import pyarrow as pa
+from pydantic import Field, field_validator, model_validator
 
 from xling.actors.translator import Translator
-from xling.jobs.config import ConfigError, XlingConfig, hashable
-from xling.jobs.models import fetch_ct2_model, is_ct2_dir, prepare_ct2_model, resolve_model
-from xling.jobs.pools import actor_pool
-from xling.jobs.runner import RID, Cell, Stage
-from xling.jobs.sources import read_documents, read_queries, spec_files
-from xling.jobs.store import RunStore
+from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
+from xling.core.models import fetch_ct2_model, is_ct2_dir, prepare_ct2_model, resolve_model
+from xling.core.pools import actor_pool
+from xling.core.runner import RID, Cell, Stage, StageFailed
+from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
+from xling.core.store import RunStore
 from xling.tasks.languages import LANGUAGES, get_language, lingua_language
+
+if TYPE_CHECKING:
+    from xling.config import XlingConfig
+
+
+# ---------------------------------------------------------------------------------------
+# config: the `translate:` section
+
+
+class _Targets(Strict):
+    targets: list[str] = Field(min_length=1, description="target languages")
+
+    @field_validator("targets")
+    @classmethod
+    def _known_targets(cls, v: list[str]) -> list[str]:
+        return [check_lang(c) for c in v]
+
+
+class TranslateCorpus(CorpusSpec, _Targets):
+    """A corpus to translate from each of `langs` into each of `targets`."""
+
+
+class TranslateTopics(TopicSpec, _Targets):
+    """Topics to translate (QT) from each of `langs` into each of `targets`."""
+
+
+class DecodeBound(Strict):
+    """How long a translation may grow: min(max_tokens, ceil(ratio * source) + extra)."""
+
+    ratio: float = Field(2.0, gt=0)
+    extra: int = Field(10, ge=0)
+    max_tokens: int = Field(512, ge=1)
+
+
+QUANTIZATIONS = ("int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16",
+                 "bfloat16", "float32")
+
+
+class TranslateConfig(Strict):
+    """`translate`: NLLB through CTranslate2, sentence by sentence, for documents and topics."""
+
+    model: str = Field("tiny:nllb_ct2", description=(
+        "a CTranslate2 model dir, a Transformers NLLB checkpoint (hub id or path: converted "
+        "once and cached in the run store under _models/), or tiny:<name>"))
+    quantization: Literal[QUANTIZATIONS] = Field(  # type: ignore[valid-type]
+        "int8", description="weights of a converted checkpoint (ignored for CTranslate2 dirs)")
+    compute_type: str = Field("default", description="CTranslate2 compute_type at load time")
+    beam_size: int = Field(4, ge=1, le=64)
+    max_input_tokens: int = Field(200, ge=8, description="longer sentences are split")
+    decode: DecodeBound = DecodeBound()
+    repetition_penalty: float = Field(1.0, gt=0)
+    no_repeat_ngram_size: int = Field(0, ge=0)
+    lang_check: Literal["error", "off"] = Field(
+        "error", description="error: a document that looks like another language is an error row")
+    device: Literal["auto", "cpu", "cuda"] = NoHash("auto")
+    inter_threads: int = NoHash(1, ge=1, description="CTranslate2 replicas per actor")
+    intra_threads: int = NoHash(0, ge=0, description="threads per replica (0: CT2 default)")
+    max_batch_tokens: int = NoHash(4096, ge=16, description="padded tokens per engine batch")
+    shards: int = NoHash(16, ge=1, le=100_000, description="deterministic shards per cell")
+    parallel: Parallelism = NoHash(Parallelism(batch_size=128, num_cpus=1.0))
+    documents: list[TranslateCorpus] = []
+    topics: list[TranslateTopics] = []
+
+    @field_validator("compute_type")
+    @classmethod
+    def _compute_type(cls, v: str) -> str:
+        allowed = ("default", "auto", *QUANTIZATIONS, "int16")
+        if v not in allowed:
+            raise ValueError(f"compute_type must be one of {', '.join(allowed)}")
+        return v
+
+    @model_validator(mode="after")
+    def _pairs(self) -> "TranslateConfig":
+        if not self.documents and not self.topics:
+            raise ValueError("translate needs `documents:` or `topics:` (or both)")
+        names = [s.name for s in [*self.documents, *self.topics]]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"names must be unique across documents and topics: {dup}")
+        for spec in [*self.documents, *self.topics]:
+            for src in spec.langs:
+                for tgt in spec.targets:
+                    if get_language(src).nllb == get_language(tgt).nllb:
+                        raise ValueError(
+                            f"'{spec.name}': {src} -> {tgt} translates a language into itself "
+                            f"(both are {get_language(src).nllb}); remove '{tgt}' from targets")
+        return self
+
+
 
 # Bump when the segmentation / splitting / reassembly changes what a translation is.
 PIPELINE_VERSION = 1
@@ -137,3 +229,12 @@ def _to_input(batch: pa.Table, *, kind: str) -> pa.Table:
     title = batch["title"] if kind == "doc" else pa.nulls(n, pa.string())
     return pa.table({RID: batch[RID], "id": ids, "kind": pa.array([kind] * n, pa.string()),
                      "title": title, "text": batch["text"], "error": batch["error"]})
+
+
+def translate_cell(cfg: XlingConfig, kind: str, source: str, src: str, tgt: str) -> Cell:
+    """The translate stage's cell that holds a DT or QT (config validation made sure of it)."""
+    for cell in TranslateStage().cells(cfg):
+        if cell.params["kind"] == kind and cell.key == {"source": source, "src": src, "tgt": tgt}:
+            return cell
+    raise StageFailed(f"the config's translate section has no {kind} translation "
+                      f"'{source}' {src}->{tgt}")

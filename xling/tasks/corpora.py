@@ -27,7 +27,9 @@ import html
 import json
 import re
 from collections.abc import Iterator
-from typing import IO, Any, BinaryIO
+from typing import Any, BinaryIO
+
+from xling.tasks.textio import CHUNK, iter_lines
 
 # (id, title, text, extra fields kept as `source`-side metadata)
 FIELDS: dict[str, tuple[str, str | None, str]] = {
@@ -100,22 +102,7 @@ def document_from_object(obj: dict, *, fmt: str, lang: str, source: str,
 
 # --- streaming readers -------------------------------------------------------------------
 
-CHUNK = 1 << 16
 ENCODINGS = ("auto", "utf-8", "latin-1")
-
-
-def iter_lines(stream: IO) -> Iterator:
-    """Lines of a binary or text stream, without their newline.
-
-    Uses only `read(n)`: pyarrow's input streams have no `readline` and no line iteration.
-    """
-    tail = None
-    while data := stream.read(CHUNK):
-        *lines, tail = (data if tail is None else tail + data).split(
-            b"\n" if isinstance(data, bytes) else "\n")
-        yield from lines
-    if tail:
-        yield tail
 
 
 def iter_documents(stream: BinaryIO, *, fmt: str, lang: str, source: str, encoding: str = "auto",

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xling.tasks.corpora import iter_lines
+from xling.tasks.textio import iter_lines
 
 HITS_SCHEMA = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()),
                          ("rank", pa.int32()), ("score", pa.float64()),

@@ -22,13 +22,13 @@ evaluation, not shift its numbers).
 from __future__ import annotations
 
 import hashlib
-import json
 import html
+import json
 import re
 from collections.abc import Iterator
 from typing import IO, Any
 
-from xling.tasks.corpora import CHUNK, iter_lines
+from xling.tasks.textio import CHUNK, iter_lines
 
 QUERY_FIELDS = ("title", "desc", "narr")
 

@@ -112,9 +112,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from xling.tasks.corpora import iter_lines
 from xling.tasks.judge import cohen_kappa, language_ok, majority_vote, normalize_verdict
 from xling.tasks.languages import get_language, validate_languages
+from xling.tasks.textio import iter_lines
 
 STUDY = "xrag"
 LANGS = ("de", "es", "zh", "ar")

@@ -150,8 +150,12 @@ class RunStore:
             except OSError as e:
                 raise StoreError(f"run_root '{self.uri}' is not a writable directory: {e}") from None
             return
-        from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError,
-                                         NoCredentialsError)
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+        )
 
         endpoint = s3_settings()["endpoint"] or "AWS S3"
         try:

@@ -1,5 +1,6 @@
-"""LLMs for the rerank and generate stages: config -> engine, start-up checks, the
-store-backed generation cache, and the actor base class that holds an engine.
+"""LLMs for the rerank, generate and judge stages: the LLM entries' config, config -> engine,
+start-up checks, the store-backed generation cache, the actor base class that holds an
+engine, and the actor pool that maps prompt rows to generations rows.
 
 The cache keeps every successful completion under `{run_root}/_cache/llm/<model>/`, keyed by
 (model, output-changing engine settings, sampling params, prompt) (`actors/llm.cache_key`).
@@ -15,13 +16,89 @@ import os
 import re
 import time
 import uuid
+from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import Field, model_validator
 
-from xling.actors.llm import (Completion, LLMEngine, Prompt, Sampling, cache_key, make_engine)
-from xling.jobs.config import ConfigError, LLMSpec, SamplingSpec, hashable
-from xling.jobs.models import resolve_model
-from xling.jobs.store import RunStore
+from xling.actors.llm import (
+    Completion,
+    LLMEngine,
+    Prompt,
+    Sampling,
+    cache_key,
+    decode_prompt,
+    make_engine,
+    prompt_hash,
+)
+from xling.core.config import ConfigError, NoHash, Parallelism, Strict, hashable, stable_hash
+from xling.core.models import resolve_model
+from xling.core.pools import actor_pool
+from xling.core.runner import CELL, RID
+from xling.core.store import RunStore
+from xling.tasks.parsers import PARSERS
+
+# ---------------------------------------------------------------------------------------
+# config: LLM entries (rerank.model, generate.models[], judge.judges[])
+
+
+class SamplingSpec(Strict):
+    """Sampling parameters (part of every generation's cache key)."""
+
+    temperature: float = Field(0.0, ge=0, description="0: greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(256, ge=1, description="output tokens per call")
+    stop: list[str] = []
+    seed: int | None = Field(0, description="per-request seed (reproducible sampling)")
+
+
+class LLMSpec(Strict):
+    """One LLM: vLLM offline (a hub id, a local path or tiny:llama_chat) or an
+    OpenAI-compatible endpoint (OpenAI, a `vllm serve` server, a gateway)."""
+
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$",
+                             description="label in cells and the `model` column (default: model)")
+    backend: Literal["vllm", "openai"] = "vllm"
+    model: str = Field(description="vllm: hub id, local path or tiny:llama_chat; openai: the "
+                                   "endpoint's model name")
+    chat: bool = Field(True, description="send prompts through the chat template / chat API")
+    too_long: Literal["refuse", "truncate"] = Field(
+        "refuse", description="vllm: a prompt longer than max_model_len - max_tokens is an error "
+                              "row (refuse) or cut in the middle (truncate); recorded per row")
+    max_model_len: int | None = Field(None, ge=16, description="vllm: context length "
+                                                               "(default: the model's)")
+    dtype: str = Field("auto", description="vllm: auto, float16, bfloat16, float32")
+    engine_kwargs: dict[str, Any] = Field({}, description="vllm: more vllm.LLM(...) arguments")
+    tensor_parallel_size: int = NoHash(1, ge=1, description="vllm: GPUs per model replica")
+    gpu_memory_utilization: float = NoHash(0.9, gt=0, le=1)
+    enforce_eager: bool = NoHash(False, description="vllm: no CUDA graphs / torch.compile")
+    base_url: str | None = Field(None, description="openai: e.g. https://api.openai.com/v1 or "
+                                                   "http://HOST:8000/v1")
+    api_key_env: str | None = NoHash("OPENAI_API_KEY", description="openai: environment "
+                                     "variable holding the key (null: no auth)")
+    concurrency: int = NoHash(8, ge=1, description="openai: requests in flight per actor")
+    timeout_s: float = NoHash(120.0, gt=0, description="openai: per-request timeout")
+    max_retries: int = NoHash(5, ge=0, description="openai: retries on 429/5xx/timeouts")
+    backoff_s: float = NoHash(1.0, ge=0, description="openai: first retry delay (doubles)")
+    sampling: SamplingSpec | None = Field(None, description="overrides the section's sampling")
+    parallel: Parallelism = NoHash(Parallelism(concurrency=(1, 1), batch_size=256),
+                                   description="vllm: set num_gpus to tensor_parallel_size")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.model
+
+    @model_validator(mode="after")
+    def _backend(self) -> "LLMSpec":
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError(f"model '{self.model}': backend openai needs base_url")
+        if self.backend == "vllm" and self.base_url:
+            raise ValueError(f"model '{self.model}': base_url is for backend openai; "
+                             "set backend: openai or remove base_url")
+        return self
+
+
 
 CACHE_SCHEMA = pa.schema([
     ("key", pa.string()), ("output", pa.string()), ("n_prompt_tokens", pa.int64()),
@@ -121,7 +198,7 @@ def actor_env(spec: LLMSpec) -> dict:
 
     if ray.cluster_resources().get("GPU", 0) > 0:
         return {}
-    from xling.jobs.tiny_models import VLLM_CPU_ENV
+    from xling.core.models import VLLM_CPU_ENV
 
     return {**VLLM_CPU_ENV, **{k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE",)
                                 if k in os.environ}}
@@ -221,3 +298,91 @@ class StoreLLM:
     def __init__(self, *, store_uri: str, engine: dict, cache: bool, env: dict):
         os.environ.update(env)  # vllm-cpu settings must be set before vLLM is imported
         self.cached = CachedEngine(engine, RunStore(store_uri) if cache else None)
+
+
+# ---------------------------------------------------------------------------------------
+# LLM calls as a Ray Data actor pool: the generate and judge stages (and any stage that asks
+# an LLM per row) map their prompt rows through it.
+
+GENERATIONS = pa.schema([
+    ("item_id", pa.string()), ("study", pa.string()), ("setting", pa.string()),
+    ("lang", pa.string()), ("model", pa.string()), ("prompt_hash", pa.string()),
+    ("prompt", pa.string()), ("output", pa.string()),
+    ("parsed", pa.map_(pa.string(), pa.string())), ("n_prompt_tokens", pa.int64()),
+    ("n_output_tokens", pa.int64()), ("latency_s", pa.float64()), ("finish_reason", pa.string()),
+    ("too_long", pa.string()), ("truncated_from", pa.int64()), ("cached", pa.bool_()),
+    ("attempts", pa.int64()), ("cache_key", pa.string()), ("error", pa.string())])
+
+# Engine settings that decide which pool serves a model entry (the rest is per call).
+ENGINE_KEYS = ("backend", "model", "chat", "max_model_len", "dtype", "engine_kwargs",
+               "base_url", "tensor_parallel_size", "gpu_memory_utilization", "enforce_eager")
+
+
+def engine_group(model: dict) -> str:
+    """The actor pool a model entry's cells share: same model and engine settings."""
+    return stable_hash({k: model.get(k) for k in ENGINE_KEYS})
+
+
+def generate_pool(ds, run_root: str, specs: dict, calls: list[tuple[str, dict, str]], *,
+                  cache: bool, where: str):
+    """Map prompt rows of cells that share one engine through a StoreGenerator actor pool;
+    `calls[i]` = (model label, sampling, parser name) of the batch rows' cell i."""
+    first = specs[calls[0][0]]
+    p = first.parallel
+    return ds.map_batches(
+        StoreGenerator, batch_format="pyarrow", batch_size=p.batch_size,
+        fn_constructor_kwargs=dict(
+            store_uri=RunStore(run_root).uri, engine=engine_spec(first), cache=cache,
+            env=actor_env(first),
+            calls=[{"model": label, "sampling": sampling, "parser": parser,
+                    "too_long": specs[label].too_long if first.backend == "vllm" else None}
+                   for label, sampling, parser in calls]),
+        compute=actor_pool(p, key=f"{where}['{first.label}'].parallel"),
+        num_cpus=p.num_cpus, num_gpus=num_gpus(first))
+
+
+class StoreGenerator(StoreLLM):
+    """Ray Data actor: prompt rows of several cells -> generations rows."""
+
+    def __init__(self, *, calls: list[dict], **kw):
+        super().__init__(**kw)
+        self.calls = calls
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from xling.actors.llm import Sampling
+
+        parts = []
+        cells = batch[CELL].to_numpy()
+        for c in sorted(set(cells.tolist())):
+            rows = batch.filter(pa.array(cells == c))
+            call = self.calls[c]
+            ok = pc.is_null(rows["error"]).to_numpy(zero_copy_only=False)
+            prompts = rows["prompt"].to_pylist()
+            todo = [i for i in range(rows.num_rows) if ok[i]]
+            sampling = Sampling(**call["sampling"])
+            options = {"too_long": call["too_long"]} if call["too_long"] else {}
+            done, cached, keys = self.cached.complete([decode_prompt(prompts[i]) for i in todo],
+                                                      sampling, **options)
+            got = dict(zip(todo, zip(done, cached, keys)))
+            parser = PARSERS[call["parser"]]
+            out = []
+            for i, row in enumerate(rows.select(["item_id", "study", "setting", "lang", RID,
+                                                 "_shard", CELL, "error"]).to_pylist()):
+                r = {**row, "model": call["model"], "prompt": prompts[i],
+                     "prompt_hash": prompt_hash(decode_prompt(prompts[i])) if prompts[i] else None,
+                     "too_long": call["too_long"]}
+                if i in got:
+                    comp, hit, key = got[i]
+                    r.update(output=comp.text, n_prompt_tokens=comp.n_prompt_tokens,
+                             n_output_tokens=comp.n_output_tokens, latency_s=comp.latency_s,
+                             finish_reason=comp.finish_reason, truncated_from=comp.truncated_from,
+                             cached=hit, attempts=comp.attempts, cache_key=key, error=comp.error)
+                    if comp.error is None:
+                        parsed, why = parser(comp.text or "")
+                        r["parsed"] = list(parsed.items()) if parsed is not None else None
+                        r["error"] = why
+                out.append(r)
+            parts.append(pa.Table.from_pylist(out, schema=GENERATIONS.append(
+                pa.field(RID, pa.string())).append(pa.field("_shard", pa.int64())).append(
+                pa.field(CELL, pa.int64()))))
+        return pa.concat_tables(parts)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from xling.jobs.config import Parallelism
+from xling.core.config import Parallelism
 
 
 def actor_pool(p: Parallelism, *, key: str, log=print):

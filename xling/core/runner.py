@@ -39,15 +39,18 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from xling.jobs.config import XlingConfig, stable_hash
-from xling.jobs.store import RunStore
+from xling.core.config import ConfigError, stable_hash
+from xling.core.store import RunStore
+
+if TYPE_CHECKING:
+    from xling.config import XlingConfig
 
 RID, SHARD, CELL, ERROR = "_rid", "_shard", "_cell", "error"
 
@@ -592,3 +595,32 @@ def read_cell(store: RunStore, rel_dir: str, columns: list[str] | None = None) -
     if not manifest:
         raise FileNotFoundError(f"{store.url(rel_dir)} is not a finished cell (no _manifest.json)")
     return store.read_parquet([f"{rel_dir}/{f}" for f in manifest["files"]], columns=columns)
+
+
+class MissingInput(StageFailed, ConfigError):
+    """An earlier stage's output is not in the store: before Ray starts this is a config-time
+    error (exit 2) naming the stage to run; on a worker it fails the cell."""
+
+
+def require_done(store: RunStore, cell: Cell, needed_by: str) -> dict:
+    manifest = store.read_json_or_none(f"{cell.dir}/_manifest.json")
+    if manifest is None:
+        raise MissingInput(
+            f"{needed_by} needs the {cell.stage} stage's output {cell.id}, which is not in "
+            f"{store.url(cell.stage)}: run `xling {cell.stage} --config ...` first")
+    return manifest
+
+
+def read_rows(store: RunStore, dirs: list[str], columns: list[str], needed_by: str) -> list[dict]:
+    """The rows of committed cells as dicts (`parsed` maps as dicts)."""
+    rows = []
+    for d in dirs:
+        try:
+            rows += read_cell(store, d, columns=columns).to_pylist()
+        except FileNotFoundError:
+            raise MissingInput(f"{needed_by} needs {d}, which is not committed in {store.url()}: "
+                               f"run `xling {d.split('/')[0]} --config ...` first") from None
+    for r in rows:
+        if r.get("parsed") is not None:
+            r["parsed"] = dict(r["parsed"])
+    return rows

