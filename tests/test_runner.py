@@ -164,3 +164,172 @@ def test_each_group_commits_its_own_rows(ray_local, tmp_path):
     for cell in stage.cells(None):
         ids = read_cell(store, cell.dir)["id"].to_pylist()
         assert sorted(ids) == sorted(f"{cell.key['set']}-{r['id']}" for r in ROWS[:20])
+
+
+# ------------------------------------------------------------------------------------------
+# Distributed commit, shared partitions, groups side by side
+
+
+BIG = [{"id": f"b{i:04d}", "text": f"{i} " + "x" * 2000} for i in range(1500)]
+
+
+def test_driver_receives_only_metadata(ray_local, tmp_path):
+    store = RunStore(str(tmp_path / "run"))
+    stage = EchoStage(BIG, n_shards=4, tag="big")
+    runner = Runner(store, progress=False)
+    runner.run(stage, None)
+    cell = stage.cells(None)[0]
+    m = store.read_json(f"{cell.dir}/_manifest.json")
+    out = read_cell(store, cell.dir)
+    assert sorted(out["id"].to_pylist()) == [r["id"] for r in BIG]
+    text_bytes = sum(len(r["text"]) for r in BIG) * 2  # text and its upper-case copy
+    pieces = sum(s["pieces"] for s in (store.read_json(p) for p in
+                                       store.list(f"{cell.dir}/_shards")))
+    # O(metadata): an 8-byte id hash per row, plus a file name and counts per piece.
+    assert 0 < m["driver_bytes"] <= 16 * len(BIG) + 256 * pieces
+    assert m["driver_bytes"] < text_bytes / 50
+
+
+class SharedSourceStage(EchoStage):
+    """Two cells (say, two target languages) that read the same rows."""
+
+    def cells(self, cfg):
+        return [Cell("echo", {"set": t}, {"v": 1}, inputs=["<memory>"], n_shards=3)
+                for t in ("en", "de")]
+
+    def source(self, cell, cfg):
+        from xling.core.runner import Source
+
+        return Source({"rows": "ROWS[:30]"}, lambda: EchoStage.read(self, cell, cfg))
+
+
+def test_cells_reading_one_source_share_one_partition(ray_local, tmp_path):
+    store = RunStore(str(tmp_path / "run"))
+    stage = SharedSourceStage(ROWS[:30])
+    Runner(store, progress=False).run(stage, None)
+    parts = {p.split("/")[1] for p in store.list("_partitions")}
+    assert len(parts) == 1  # read and written once for both cells
+    for cell in stage.cells(None):
+        m = store.read_json(f"{cell.dir}/_manifest.json")
+        assert m["inputs"]["partition"] == f"_partitions/{next(iter(parts))}"
+        assert sorted(read_cell(store, cell.dir)["id"].to_pylist()) == \
+            [r["id"] for r in ROWS[:30]]
+        assert not store.list(f"{cell.dir}/_input")
+
+
+def _as_input(batch: pa.Table) -> pa.Table:
+    return pa.table({"_rid": batch["id"], "id": batch["id"], "text": batch["out"],
+                     "error": batch["error"]})
+
+
+class DownstreamStage(EchoStage):
+    """Reads the committed output of an EchoStage cell, as index reads translations."""
+
+    def __init__(self, store: RunStore, upstream: str, n_shards: int, tag: str):
+        super().__init__([], n_shards=n_shards, tag=tag)
+        self.store, self.upstream = store, upstream
+
+    def source(self, cell, cfg):
+        from xling.core.runner import Source
+
+        def read():
+            import ray.data
+
+            files = [self.store.fs_path(f"{self.upstream}/{f}") for f in
+                     self.store.read_json(f"{self.upstream}/_manifest.json")["files"]]
+            return ray.data.read_parquet(files, filesystem=self.store.fs).map_batches(
+                lambda b: b.append_column("_rid", b["id"]), batch_format="pyarrow")
+
+        return Source({"cell": self.upstream}, read, adapt=_as_input, cell=self.upstream)
+
+
+def test_a_committed_cell_is_read_as_the_partition(ray_local, tmp_path):
+    store = RunStore(str(tmp_path / "run"))
+    up = EchoStage(ROWS, n_shards=5, tag="up")
+    Runner(store, progress=False).run(up, None)
+    up_dir = up.cells(None)[0].dir
+    # Same shard count: the upstream part files are the partition, nothing is copied.
+    same = DownstreamStage(store, up_dir, 5, "same")
+    Runner(store, progress=False).run(same, None)
+    cell = same.cells(None)[0]
+    m = store.read_json(f"{cell.dir}/_manifest.json")
+    assert m["inputs"]["partition"] == up_dir and not store.list("_partitions")
+    out = {r["id"]: r["out"] for r in read_cell(store, cell.dir).to_pylist()}
+    assert out["d001"] == "TEXT 1" and len(out) == len(ROWS)
+    # Another shard count: the rows are partitioned as usual.
+    other = DownstreamStage(store, up_dir, 3, "other")
+    Runner(store, progress=False).run(other, None)
+    m = store.read_json(f"{other.cells(None)[0].dir}/_manifest.json")
+    assert m["inputs"]["partition"].startswith("_partitions/")
+    assert m["rows"] == len(ROWS)
+
+
+class Sleeper:
+    """An actor that notes when it was alive (files, so the test sees both pools)."""
+
+    def __init__(self, log_dir: str, group: str):
+        import os
+        import time
+
+        self.path = os.path.join(log_dir, f"{group}-{os.getpid()}")
+        with open(self.path + ".start", "w") as f:
+            f.write(str(time.time()))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        import time
+
+        time.sleep(0.3)
+        with open(self.path + ".last", "w") as f:
+            f.write(str(time.time()))
+        return _upper(batch)
+
+
+class TwoPoolStage(TwoGroupStage):
+    def __init__(self, rows, log_dir, num_cpus):
+        super().__init__(rows)
+        self.log_dir, self.num_cpus = log_dir, num_cpus
+
+    def map(self, ds, cells, cfg):
+        import ray.data
+
+        return ds.map_batches(Sleeper, batch_format="pyarrow", batch_size=4,
+                              fn_constructor_args=(self.log_dir, cells[0].key["set"]),
+                              compute=ray.data.ActorPoolStrategy(size=1), num_cpus=self.num_cpus)
+
+    def resources(self, cells, cfg):
+        return {"CPU": self.num_cpus}
+
+
+def _lifetimes(log_dir):
+    import glob
+
+    out = {}
+    for start in glob.glob(f"{log_dir}/*.start"):
+        group = start.rsplit("/", 1)[1].split("-")[0]
+        last = start[:-len(".start")] + ".last"
+        out[group] = (float(open(start).read()), float(open(last).read()))
+    return out
+
+
+def test_groups_that_fit_run_side_by_side(ray_local, tmp_path):
+    store = RunStore(str(tmp_path / "run"))
+    log_dir = tmp_path / "alive"
+    log_dir.mkdir()
+    runner = Runner(store, progress=False)
+    runner.run(TwoPoolStage(ROWS[:24], str(log_dir), 0.5), None)
+    life = _lifetimes(log_dir)
+    (a0, a1), (b0, b1) = life["first"], life["second"]
+    assert runner.concurrent_groups == 2
+    assert a0 < b1 and b0 < a1  # the two model pools were alive at the same time
+    for cell in TwoPoolStage(ROWS[:24], "", 0.5).cells(None):
+        assert len(read_cell(store, cell.dir)) == 24
+
+
+def test_groups_that_do_not_fit_queue(ray_local, tmp_path):
+    store = RunStore(str(tmp_path / "run"))
+    log_dir = tmp_path / "alive"
+    log_dir.mkdir()
+    runner = Runner(store, progress=False)
+    runner.run(TwoPoolStage(ROWS[:12], str(log_dir), 1.0), None)  # 2 x (1 + 0.5) CPUs > 2
+    assert runner.concurrent_groups == 1
+    assert set(_lifetimes(log_dir)) == {"first", "second"}

@@ -33,3 +33,10 @@ def actor_pool(p: Parallelism, *, key: str, log=print):
             f"with {fits} actor(s), growing to {hi} when resources free up")
         lo = fits
     return ray.data.ActorPoolStrategy(min_size=lo, max_size=max(lo, hi))
+
+
+def pool_resources(p: Parallelism, num_gpus: float | None = None) -> dict:
+    """What a pool holds at its minimum size: its share when pools run side by side."""
+    lo = p.concurrency[0]
+    gpus = p.num_gpus if num_gpus is None else num_gpus
+    return {"CPU": lo * p.num_cpus, "GPU": lo * gpus}

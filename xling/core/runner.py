@@ -39,7 +39,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -180,6 +180,23 @@ class Stage(ABC):
     def after_run(self, cfg: XlingConfig, runner: "Runner") -> None:
         """Runs after every cell of the stage is done (e.g. fusions of the stage's runs)."""
 
+    def source(self, cell: Cell, cfg: XlingConfig) -> "Source | None":
+        """Where the cell's input rows come from, so cells reading the same rows share one
+        partition (see `Source`). None: `read(cell)` is partitioned for this cell alone."""
+        return None
+
+    def pool_key(self, cell: Cell, cfg: XlingConfig) -> str:
+        """With `group`, which cells of a run (of several configs, in a sweep) may share a
+        pipeline: by default cells of configs whose stage section differs do not, since
+        `map` may read that section. Stages whose `map` reads only cell params return ""."""
+        section = getattr(cfg, self.name, None)
+        return stable_hash(section.model_dump(mode="json")) if section is not None else ""
+
+    def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
+        """The CPUs/GPUs the group's actor pools hold at their minimum size, for running
+        groups side by side (see `Runner._run_groups`)."""
+        return {"CPU": 1.0}
+
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         """Work on a cell's committed shards before it is marked done (e.g. merging a
         Lucene index); what it returns goes into the manifest."""
@@ -206,6 +223,37 @@ class CellReport:
     message: str = ""
 
 
+@dataclass
+class Source:
+    """Where a cell's input rows come from, declared by `Stage.source`, so that every cell
+    (of any stage) reading the same rows shares one partition instead of copying them.
+
+    key    what the rows are, as JSON data: equal keys (and shard counts) mean equal rows
+    read   the rows as a Ray Dataset with `_rid` (partitioned when no partition exists)
+    adapt  partition rows -> this stage's input rows with `_rid`, one per record; it runs
+           in the processing pipeline, so cells that adapt the same rows differently still
+           share their partition
+    cell   a committed xling cell whose part files are the partition (shard s = its
+           part-s), used as is when its shard count matches; those rows have no `_rid`
+           until `adapt` sets it, so a source with `cell` needs an `adapt`
+    """
+
+    key: dict
+    read: Callable[[], Any]
+    adapt: Callable[[pa.Table], pa.Table] | None = None
+    cell: str | None = None
+
+
+@dataclass
+class _Shard:
+    """Driver-side state of one shard in flight: its output pieces and the ids seen."""
+
+    pieces: list[str] = field(default_factory=list)
+    seen: set = field(default_factory=set)
+    started: float = field(default_factory=time.time)
+    rows: int = 0
+
+
 class Runner:
     def __init__(self, store: RunStore, *, force: bool = False, progress: bool = True,
                  log=print):
@@ -214,6 +262,8 @@ class Runner:
         self.progress = progress
         self.log = log
         self.run_id = f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+        self.driver_bytes: dict[str, int] = {}  # cell id -> metadata bytes the driver received
+        self.concurrent_groups = 0  # the most groups that ran at once (for tests and logs)
 
     # ---- public --------------------------------------------------------------------
     def plan(self, stage: Stage, cfg: XlingConfig) -> list[dict]:
@@ -229,8 +279,12 @@ class Runner:
                         "todo": todo, "inputs": cell.inputs})
         return out
 
-    def run(self, stage: Stage, cfg: XlingConfig) -> list[CellReport]:
-        """Run every cell of a stage: skip done ones, partition, process, commit, finish."""
+    def run(self, stage: Stage, cfg: XlingConfig | list) -> list[CellReport]:
+        """Run every cell of a stage: skip done ones, partition, process, commit, finish.
+
+        `cfg` may be a list of configs (the grid points of a sweep): their cells run
+        together, so a model that serves several grid points is loaded once.
+        """
         import ray.data
 
         # Ray 2.60's datasource v2 lists explicit file paths in one ListFiles task that took
@@ -242,9 +296,18 @@ class Runner:
         # "Timed out while starting actors" instead of waiting silently. 30 min leaves room
         # for a cloud autoscaler to bring up GPU nodes.
         ctx.wait_for_min_actors_s = 1800
+        # Workers commit their own output, so the stream need not arrive in order, and one
+        # slow batch holds up nothing behind it.
+        ctx.execution_options.preserve_order = False
         t0 = time.time()
         reports: dict[str, CellReport] = {}
-        cells, todo = stage.cells(cfg), []
+        cells, cfg_of = [], {}
+        for c in cfg if isinstance(cfg, list) else [cfg]:
+            for cell in stage.cells(c):
+                if cell.id not in cfg_of:
+                    cells.append(cell)
+                    cfg_of[cell.id] = c
+        todo = []
         for cell in cells:
             manifest = self.store.read_json_or_none(f"{cell.dir}/_manifest.json")
             if manifest and not self.force:
@@ -255,26 +318,23 @@ class Runner:
             else:
                 todo.append(cell)
         try:
-            inputs = self._prepare(stage, todo, cfg, reports)
+            inputs = self._prepare(stage, todo, cfg_of, reports)
         except Exception as e:  # e.g. a source that cannot be read: those cells fail
             inputs = {}
             for cell in todo:
                 if cell.id not in reports:
                     self._fail(stage, cell, e, reports)
         ready = [c for c in todo if c.id in inputs and c.id not in reports]
-        groups: dict[str, list[Cell]] = {}
+        groups: dict[tuple, list[Cell]] = {}
         for cell in ready:
-            groups.setdefault(stage.group(cell), []).append(cell)
-        for group in groups.values():
-            try:
-                self._process(stage, group, cfg, inputs)
-            except Exception as e:  # committed shards stay; the cells are marked failed
-                for cell in group:
-                    self._fail(stage, cell, e, reports)
+            key = (stage.group(cell), stage.pool_key(cell, cfg_of[cell.id]))
+            groups.setdefault(key, []).append(cell)
+        self._run_groups(stage, list(groups.values()), cfg_of, inputs, reports)
         for cell in ready:
             if cell.id not in reports:
                 try:
-                    reports[cell.id] = self._finish(stage, cell, inputs[cell.id], t0, cfg)
+                    reports[cell.id] = self._finish(stage, cell, inputs[cell.id], t0,
+                                                    cfg_of[cell.id])
                 except Exception as e:
                     self._fail(stage, cell, e, reports)
         ordered = [reports[c.id] for c in cells]
@@ -292,15 +352,60 @@ class Runner:
         self.log(f"[{stage.name}] {cell.id}: FAILED: {message}")
         reports[cell.id] = CellReport(cell, "failed", message=message)
 
+    # ---- groups side by side ---------------------------------------------------------
+    def _run_groups(self, stage: Stage, groups: list[list[Cell]], cfg_of: dict,
+                    inputs: dict, reports: dict) -> None:
+        """Process the groups (one pipeline and actor pool each), concurrently where their
+        resources fit in the cluster together; the others queue. A group that does not fit
+        even alone runs by itself (an autoscaler may add the nodes it waits for)."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        if not groups:
+            return
+        if len(groups) == 1:
+            self._run_group(stage, groups[0], cfg_of, inputs, reports)
+            return
+        import ray
+
+        free = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+        demand = [_with_tasks(stage.resources(g, cfg_of[g[0].id])) for g in groups]
+        queue, running = list(range(len(groups))), {}
+        with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+            while queue or running:
+                for gi in list(queue):
+                    if running and any(demand[gi].get(k, 0) > free.get(k, 0) + 1e-9
+                                       for k in demand[gi]):
+                        continue
+                    for k, v in demand[gi].items():
+                        free[k] = free.get(k, 0) - v
+                    running[pool.submit(self._run_group, stage, groups[gi], cfg_of, inputs,
+                                        reports)] = gi
+                    queue.remove(gi)
+                self.concurrent_groups = max(self.concurrent_groups, len(running))
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    gi = running.pop(fut)
+                    for k, v in demand[gi].items():
+                        free[k] += v
+
+    def _run_group(self, stage: Stage, cells: list[Cell], cfg_of: dict, inputs: dict,
+                   reports: dict) -> None:
+        self.concurrent_groups = max(self.concurrent_groups, 1)
+        try:
+            self._process(stage, cells, cfg_of[cells[0].id], inputs)
+        except Exception as e:  # committed shards stay; the cells are marked failed
+            for cell in cells:
+                self._fail(stage, cell, e, reports)
+
     # ---- steps ---------------------------------------------------------------------
-    def _prepare(self, stage: Stage, cells: list[Cell], cfg: XlingConfig,
+    def _prepare(self, stage: Stage, cells: list[Cell], cfg_of: dict,
                  reports: dict) -> dict[str, dict]:
-        """Plan every cell and partition the inputs of those not yet partitioned.
+        """Plan every cell and find (or make) the partition of its input.
 
         Returns {cell id: input info}; a cell whose input is bad (empty, duplicate ids, a
         changed shard count) is marked failed here and left out, so the others still run.
         """
-        out, fresh = {}, []
+        out, fresh = {}, {}
         for cell in cells:
             if self.force:
                 self.store.delete_tree(cell.dir)
@@ -309,15 +414,42 @@ class Runner:
             except StageFailed as e:
                 self._fail(stage, cell, e, reports)
                 continue
-            found = self.store.read_json_or_none(f"{cell.dir}/_input/_done.json")
-            if found:
-                out[cell.id] = found
+            source = stage.source(cell, cfg_of[cell.id])
+            if source is None:  # a partition of the cell's own
+                source = Source({"cell": cell.dir}, functools.partial(stage.read, cell,
+                                                                      cfg_of[cell.id]))
+                where = f"{cell.dir}/_input"
             else:
-                self.store.delete_tree(f"{cell.dir}/_input")
-                fresh.append(cell)
+                where = "_partitions/" + stable_hash({"source": source.key,
+                                                      "n_shards": cell.n_shards}, 16)
+            info = self._upstream_partition(source, cell) if source.cell else None
+            info = info or self.store.read_json_or_none(f"{where}/_done.json")
+            if info:
+                out[cell.id] = {**info, "adapt": source.adapt}
+            else:
+                fresh.setdefault(where, (source, []))[1].append(cell)
         if fresh:
-            out.update(self._partition(stage, fresh, cfg, reports))
+            made = self._partition(stage, fresh, reports)
+            for where, (source, group) in fresh.items():
+                for cell in group:
+                    if where in made and cell.id not in reports:
+                        out[cell.id] = {**made[where], "adapt": source.adapt}
         return out
+
+    def _upstream_partition(self, source: Source, cell: Cell) -> dict | None:
+        """A committed cell's part files as this cell's partition, without a copy: shard s
+        is its part-s when the shard counts match (records shard by the same id hash)."""
+        manifest = self.store.read_json_or_none(f"{source.cell}/_manifest.json")
+        if not manifest or manifest["n_shards"] != cell.n_shards:
+            return None
+        ins, files = manifest["inputs"]["shards"], set(manifest["files"])
+        shards = {s: {"rows": v["rows"], "fingerprint": v["fingerprint"],
+                      "files": [f"{source.cell}/part-{int(s):05d}.parquet"]}
+                  for s, v in ins.items() if f"part-{int(s):05d}.parquet" in files}
+        if sum(v["rows"] for v in shards.values()) != manifest["rows"]:
+            return None  # not one output row per input record: partition it instead
+        return {"rows": manifest["inputs"]["rows"], "fingerprint": manifest["inputs"]["fingerprint"],
+                "shards": shards, "partition": source.cell, "upstream": True}
 
     def _write_plan(self, cell: Cell) -> None:
         path = f"{cell.dir}/_plan.json"
@@ -332,55 +464,76 @@ class Runner:
                                          "n_shards": cell.n_shards, "inputs": cell.inputs,
                                          "created_at": now()})
 
-    def _partition(self, stage: Stage, cells: list[Cell], cfg: XlingConfig,
+    def _partition(self, stage: Stage, fresh: dict[str, tuple[Source, list[Cell]]],
                    reports: dict) -> dict[str, dict]:
-        """Split the inputs of several cells into shard files, in one Ray Data pipeline."""
-        parts = [stage.read(cell, cfg).map_batches(functools.partial(_tag_cell, index=i),
-                                                   batch_format="pyarrow")
-                 for i, cell in enumerate(cells)]
+        """Split each distinct source into shard files under its partition dir, all in one
+        Ray Data pipeline; a source that several cells read is read and written once."""
+        wheres = list(fresh)
+        for where in wheres:
+            self.store.delete_tree(where)
+        parts = [fresh[w][0].read().map_batches(functools.partial(_tag_cell, index=i),
+                                                batch_format="pyarrow")
+                 for i, w in enumerate(wheres)]
         ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
-        writer = functools.partial(_write_shards, store=self.store,
-                                   dirs=[f"{c.dir}/_input" for c in cells],
-                                   n_shards=[c.n_shards for c in cells])
+        writer = functools.partial(_write_shards, store=self.store, dirs=wheres,
+                                   n_shards=[fresh[w][1][0].n_shards for w in wheres])
         # Whole blocks, not small batches: every file written here is a read task later, and
         # on small machines a read task costs more than the rows in a small file.
         written = ds.map_batches(writer, batch_format="pyarrow", batch_size=None).take_all()
-        files: dict[tuple[int, int], list[str]] = {}
+        pieces: dict[tuple[int, int], list[dict]] = {}
         for w in written:
-            files.setdefault((int(w["cell"]), int(w["shard"])), []).append(w["path"])
+            pieces.setdefault((int(w["cell"]), int(w["shard"])), []).append(w)
         out = {}
-        for i, cell in enumerate(cells):
-            shards, seen, dups, total = {}, set(), [], 0
-            for s in sorted(s for (c, s) in files if c == i):
-                rids = self.store.read_parquet(files[(i, s)], columns=[RID])[RID].to_pylist()
-                for r in rids:
-                    if r in seen:
-                        dups.append(r)
-                    seen.add(r)
-                shards[str(s)] = {"rows": len(rids), "fingerprint": fingerprint(rids),
-                                  "files": sorted(files[(i, s)])}
-                total += len(rids)
+        for i, where in enumerate(wheres):
+            shards, total, acc, dups = {}, 0, 0, 0
+            for s in sorted(s for (c, s) in pieces if c == i):
+                ps = pieces[(i, s)]
+                # Equal ids hash to the same shard, so uniqueness is checked shard by shard.
+                hashes = np.concatenate([np.asarray(p["rids"], dtype=np.uint64) for p in ps])
+                dups += len(hashes) - len(np.unique(hashes))
+                xor = functools.reduce(lambda a, b: a ^ b, (int(p["xor"]) for p in ps), 0)
+                shards[str(s)] = {"rows": len(hashes), "fingerprint": f"{len(hashes)}:{xor:016x}",
+                                  "files": sorted(p["path"] for p in ps)}
+                total += len(hashes)
+                acc ^= xor
             try:
                 if dups:
-                    raise StageFailed(f"input has {len(dups)} duplicate record id(s), e.g. "
-                                      f"{dups[:5]}; ids must be unique within a cell")
+                    files = [f for v in shards.values() for f in v["files"]]
+                    ids = self.store.read_parquet(files, columns=[RID])[RID].to_pylist()
+                    seen, examples = set(), []
+                    for r in ids:
+                        if r in seen and len(examples) < 5:
+                            examples.append(r)
+                        seen.add(r)
+                    raise StageFailed(f"input has {dups} duplicate record id(s), e.g. "
+                                      f"{examples}; ids must be unique within a cell")
                 if total == 0:
-                    raise StageFailed(f"input is empty ({', '.join(cell.inputs)})")
+                    raise StageFailed("input is empty ("
+                                      f"{', '.join(fresh[where][1][0].inputs)})")
             except StageFailed as e:
-                self._fail(stage, cell, e, reports)
+                for cell in fresh[where][1]:
+                    self._fail(stage, cell, e, reports)
                 continue
-            info = {"rows": total, "fingerprint": fingerprint(seen), "shards": shards,
-                    "written_at": now(), "run_id": self.run_id}
-            self.store.write_json(f"{cell.dir}/_input/_done.json", info)
-            out[cell.id] = info
+            info = {"rows": total, "fingerprint": f"{total}:{acc:016x}", "shards": shards,
+                    "partition": where, "written_at": now(), "run_id": self.run_id}
+            self.store.write_json(f"{where}/_done.json", info)
+            out[where] = info
         return out
 
     def _process(self, stage: Stage, cells: list[Cell], cfg: XlingConfig, inputs: dict) -> None:
-        """Stream the pending shards of some cells through one pipeline; commit each shard."""
+        """Stream the pending shards of some cells through one pipeline.
+
+        Workers write each output block, split by (cell, shard), to temporary files in the
+        run store and send the driver only metadata (file, row count, 8-byte hashes of the
+        record ids). A shard whose records have all come out is committed by a Ray task
+        (its pieces become one part file under the deterministic name); the driver then
+        writes the shard's marker. Nothing but metadata reaches the driver.
+        """
+        import ray
         import ray.data
         from tqdm import tqdm
 
-        todo: list[tuple[int, int]] = []  # (cell index, shard), in stream order
+        todo: list[tuple[int, int]] = []
         for i, cell in enumerate(cells):
             self.store.delete_tree(f"{cell.dir}/_tmp")
             info, done = inputs[cell.id], committed_shards(self.store, cell.dir)
@@ -392,83 +545,97 @@ class Runner:
                 if str(s) in info["shards"]:
                     todo.append((i, s))
                 else:  # a shard no record hashed to: nothing to stream, commit it empty
-                    self._commit(stage, cell, s, [], {"rows": 0, "fingerprint": fingerprint([])},
-                                 set(), time.time())
+                    self._mark(stage, cell, s, _commit_shard(
+                        self.store, cell.dir, s, [], {"rows": 0}, None, stage.id_column,
+                        self.run_id), time.time())
         if not todo:
             return
-        # Ordered streaming lets a shard commit as soon as the next shard's rows appear,
-        # while one long-lived actor pool serves every shard of every cell in the group.
-        ray.data.DataContext.get_current().execution_options.preserve_order = True
-        owner = {self.store.fs_path(f): i for i, s in todo
-                 for f in inputs[cells[i].id]["shards"][str(s)]["files"]}
-        # `_cell` in the input files indexes the cells partitioned together, which need not
-        # be this group (a rerun, other cells done): set it from the file each row came from.
-        ds = ray.data.read_parquet(list(owner), filesystem=self.store.fs, shuffle=None,
-                                   include_paths=True)
-        ds = ds.map_batches(functools.partial(_retag_cell, owner=owner), batch_format="pyarrow")
+        expected = {(i, s): inputs[cells[i].id]["shards"][str(s)] for i, s in todo}
+        ds = self._read_pending(cells, todo, inputs)
         out = stage.map(ds, cells, cfg)
-        total = sum(inputs[cells[i].id]["shards"][str(s)]["rows"] for i, s in todo)
+        meta = out.map_batches(
+            _write_pieces, batch_format="pyarrow", batch_size=None, num_cpus=0.25,
+            fn_kwargs=dict(store=self.store, dirs=[c.dir for c in cells], run_id=self.run_id,
+                           id_column=stage.id_column))
+        total = sum(e["rows"] for e in expected.values())
         label = cells[0].id if len(cells) == 1 else f"{len(cells)} cells"
         bar = tqdm(total=total, desc=f"{stage.name} {label}", unit="rec",
                    disable=not self.progress, dynamic_ncols=True)
-        delay = float(os.environ.get("XLING_FAULT_COMMIT_DELAY", "0") or 0)
-        current, parts, seen, started = None, [], set(), time.time()
+        commit = ray.remote(num_cpus=0.25, max_retries=3)(_commit_shard)
+        flight: dict[tuple[int, int], _Shard] = {}
+        committing: dict = {}  # ObjectRef -> (cell index, shard, started)
+        closed: set[tuple[int, int]] = set()
 
-        def commit(key):
-            if delay:
-                time.sleep(delay)  # fault-injection hook: widens the window for kill tests
-            cell = cells[key[0]]
-            self._commit(stage, cell, key[1], parts, inputs[cell.id]["shards"][str(key[1])],
-                         seen, started)
+        def submit(key, lost_check: bool) -> None:
+            st = flight.pop(key)
+            closed.add(key)
+            ref = commit.remote(self.store, cells[key[0]].dir, key[1], st.pieces, expected[key],
+                                st.seen if lost_check else None, stage.id_column, self.run_id,
+                                inputs[cells[key[0]].id].get("adapt"))
+            committing[ref] = (key, st.started)
 
-        for batch in out.iter_batches(batch_format="pyarrow", batch_size=None):
-            if batch.num_rows == 0:
-                continue
-            keys = batch[CELL].to_numpy() * 1_000_000_000 + batch[SHARD].to_numpy()
-            # A batch may span a shard boundary: split it where (cell, shard) changes.
-            bounds = np.flatnonzero(np.diff(keys)) + 1
-            for lo, hi in zip([0, *bounds], [*bounds, len(keys)]):
-                piece = batch.slice(lo, hi - lo)
-                key = (int(piece[CELL][0].as_py()), int(piece[SHARD][0].as_py()))
-                if current is not None and key != current:
-                    commit(current)
-                    parts, seen, started = [], set(), time.time()
-                current = key
-                parts.append(piece)
-                new = set(piece[RID].to_pylist()) - seen
-                seen |= new
-                bar.update(len(new))
-        if current is not None:
-            commit(current)
+        def collect(block: bool) -> None:
+            while committing:
+                ready, _ = ray.wait(list(committing), num_returns=1, timeout=None if block else 0)
+                if not ready:
+                    return
+                (i, s), started = committing.pop(ready[0])
+                self._mark(stage, cells[i], s, ray.get(ready[0]), started)
+
+        for batch in meta.iter_batches(batch_format="pyarrow", batch_size=None):
+            rows = batch.to_pylist()
+            weight = sum(max(1, len(r["rids"])) for r in rows)
+            for r in rows:  # the batch's Arrow bytes, shared out by each piece's id count
+                cid = cells[r["cell"]].id
+                self.driver_bytes[cid] = self.driver_bytes.get(cid, 0) + round(
+                    batch.nbytes * max(1, len(r["rids"])) / weight)
+            for r in rows:
+                key = (r["cell"], r["shard"])
+                if key in closed:  # cannot happen with 1:1 or whole-batch 1:N stages
+                    raise StageFailed(f"{cells[key[0]].id}: output for shard {key[1]} arrived "
+                                      "after the shard was committed; rerun with --force")
+                st = flight.setdefault(key, _Shard())
+                st.pieces.append(r["path"])
+                before = len(st.seen)
+                st.seen.update(r["rids"])
+                bar.update(len(st.seen) - before)
+                if len(st.seen) >= expected[key]["rows"]:
+                    submit(key, lost_check=False)
+            collect(block=False)
+        for key in todo:  # shards the stage lost records of (or all of them)
+            if key not in closed:
+                flight.setdefault(key, _Shard())
+                submit(key, lost_check=True)
+        collect(block=True)
         bar.close()
 
-    def _commit(self, stage: Stage, cell: Cell, shard: int, parts: list, expected: dict,
-                seen: set, started: float) -> None:
-        """Write a shard's output under a temporary name, move it into place, then mark it."""
-        store, d = self.store, cell.dir
-        tables = list(parts)
-        missing = expected["rows"] - len(seen)
-        if missing:
-            # The stage lost records: they become error rows, never silent gaps.
-            rids = store.read_parquet(expected["files"], columns=[RID])[RID].to_pylist()
-            lost = [r for r in rids if r not in seen]
-            tables.append(pa.table({RID: lost, stage.id_column: lost,
-                                    ERROR: ["stage produced no output for this record"] * len(lost)}))
-        table = (pa.concat_tables(tables, promote_options="default") if tables
-                 else pa.table({ERROR: pa.array([], pa.string())}))
-        if ERROR not in table.column_names:
-            table = table.append_column(ERROR, pa.nulls(table.num_rows, pa.string()))
-        table = table.drop_columns([c for c in (RID, SHARD, CELL) if c in table.column_names
-                                    and c != stage.id_column])
-        name = f"part-{shard:05d}.parquet"
-        tmp = f"{d}/_tmp/{self.run_id}/{name}"
-        store.write_parquet(tmp, table)
-        store.move(tmp, f"{d}/{name}")
-        errors = int(table.num_rows - pc.sum(pc.is_null(table[ERROR])).as_py()) if table.num_rows else 0
-        store.write_json(f"{d}/_shards/{shard:05d}.json", {
-            "shard": shard, "file": name, "rows": table.num_rows, "errors": errors,
-            "input_rows": expected["rows"], "input_fingerprint": expected["fingerprint"],
-            "lost_records": missing, "run_id": self.run_id, "host": socket.gethostname(),
+    def _read_pending(self, cells: list[Cell], todo: list[tuple[int, int]], inputs: dict):
+        """The pending shards' input rows, each tagged with its cell (an index into `cells`)
+        and shard; a partition several cells share is read once per cell."""
+        import ray.data
+
+        by_cell: dict[int, list[int]] = {}
+        for i, s in todo:
+            by_cell.setdefault(i, []).append(s)
+        parts = []
+        for i, shards in by_cell.items():
+            info = inputs[cells[i].id]
+            shard_of_file = {self.store.fs_path(f): s for s in shards
+                             for f in info["shards"][str(s)]["files"]}
+            ds = ray.data.read_parquet(list(shard_of_file), filesystem=self.store.fs,
+                                       shuffle=None, include_paths=True)
+            parts.append(ds.map_batches(
+                functools.partial(_tag_rows, cell=i, shard_of_file=shard_of_file,
+                                  adapt=info.get("adapt")), batch_format="pyarrow"))
+        return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+
+    def _mark(self, stage: Stage, cell: Cell, shard: int, result: dict, started: float) -> None:
+        """The shard's part file is in place: write its marker (the commit point)."""
+        delay = float(os.environ.get("XLING_FAULT_COMMIT_DELAY", "0") or 0)
+        if delay:
+            time.sleep(delay)  # fault-injection hook: widens the window for kill tests
+        self.store.write_json(f"{cell.dir}/_shards/{shard:05d}.json", {
+            "shard": shard, **result, "run_id": self.run_id,
             "started_at": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(),
             "committed_at": now(), "seconds": round(time.time() - started, 3)})
 
@@ -487,6 +654,7 @@ class Runner:
             "config_hash": cell.hash, "code_version": code_version(),
             "inputs": {"sources": cell.inputs, "rows": inputs["rows"],
                        "fingerprint": inputs["fingerprint"],
+                       "partition": inputs.get("partition"),
                        "shards": {s: {"rows": v["rows"], "fingerprint": v["fingerprint"]}
                                   for s, v in inputs["shards"].items()}},
             "n_shards": cell.n_shards, "rows": rows, "errors": errors,
@@ -495,6 +663,7 @@ class Runner:
                                                            "committed_at", "seconds")}
                        for s in sorted(markers)},
             "run_ids": sorted({m["run_id"] for m in markers.values()}),
+            "driver_bytes": self.driver_bytes.get(cell.id, 0),
             "timings": {"first_commit": min(m["committed_at"] for m in markers.values()),
                         "last_commit": max(m["committed_at"] for m in markers.values()),
                         "this_run_seconds": round(time.time() - t0, 3)},
@@ -510,19 +679,102 @@ class Runner:
         return CellReport(cell, "done", rows, errors, ran, cell.n_shards, time.time() - t0)
 
 
+def _with_tasks(demand: dict) -> dict:
+    """A group's resources: its actor pools' minimum plus room for its read/write tasks."""
+    return {**demand, "CPU": demand.get("CPU", 0) + 0.5}
+
+
+def rid_hashes(rids) -> np.ndarray:
+    """8-byte hashes of record ids: what workers tell the driver instead of the ids."""
+    values = rids.to_pylist() if isinstance(rids, (pa.Array, pa.ChunkedArray)) else rids
+    return np.fromiter((xxhash.xxh64_intdigest(str(r).encode(), seed=2) for r in values),
+                       dtype=np.uint64, count=len(values))
+
+
 def _tag_cell(batch: pa.Table, *, index: int) -> pa.Table:
     return batch.append_column(CELL, pa.array([index] * batch.num_rows, pa.int64()))
 
 
-def _retag_cell(batch: pa.Table, *, owner: dict[str, int]) -> pa.Table:
-    cells = pa.array([owner[p] for p in batch["path"].to_pylist()], pa.int64())
-    batch = batch.drop_columns(["path"])
-    return batch.set_column(batch.column_names.index(CELL), CELL, cells)
+def _tag_rows(batch: pa.Table, *, cell: int, shard_of_file: dict[str, int],
+              adapt=None) -> pa.Table:
+    """Partition rows -> the stage's input rows, with their cell and shard."""
+    shards = pa.array([shard_of_file[p] for p in batch["path"].to_pylist()], pa.int64())
+    batch = batch.drop_columns([c for c in ("path", CELL, SHARD) if c in batch.column_names])
+    if adapt is not None:
+        batch = adapt(batch)
+    return batch.append_column(SHARD, shards).append_column(
+        CELL, pa.array(np.full(batch.num_rows, cell), pa.int64()))
+
+
+def _write_pieces(batch: pa.Table, *, store: RunStore, dirs: list[str], run_id: str,
+                  id_column: str) -> pa.Table:
+    """map_batches task after the stage's map: each (cell, shard) slice of an output block
+    goes to a temporary file in the store; only metadata goes back to the driver."""
+    out = {k: [] for k in ("cell", "shard", "path", "rows", "rids")}
+    if batch.num_rows == 0:
+        return pa.table(out, schema=_PIECES)
+    if ERROR not in batch.column_names:
+        batch = batch.append_column(ERROR, pa.nulls(batch.num_rows, pa.string()))
+    cells, shards = batch[CELL].to_numpy(), batch[SHARD].to_numpy()
+    keys = cells * 1_000_000_000 + shards
+    for key in np.unique(keys):
+        c, s = int(key // 1_000_000_000), int(key % 1_000_000_000)
+        piece = batch.filter(pa.array(keys == key))
+        rids = np.unique(rid_hashes(piece[RID]))
+        piece = piece.drop_columns([x for x in (RID, SHARD, CELL) if x != id_column])
+        rel = f"{dirs[c]}/_tmp/{run_id}/{s:05d}/{uuid.uuid4().hex}.parquet"
+        store.write_parquet(rel, piece)
+        out["cell"].append(c)
+        out["shard"].append(s)
+        out["path"].append(rel)
+        out["rows"].append(piece.num_rows)
+        out["rids"].append(rids)
+    return pa.table(out, schema=_PIECES)
+
+
+_PIECES = pa.schema([("cell", pa.int64()), ("shard", pa.int64()), ("path", pa.string()),
+                     ("rows", pa.int64()), ("rids", pa.list_(pa.uint64()))])
+
+
+def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
+                  expected: dict, seen: set | None, id_column: str, run_id: str,
+                  adapt=None) -> dict:
+    """Ray task: a shard's output pieces -> `part-NNNNN.parquet`, written under a temporary
+    name and moved into place; records the stage lost become error rows. Returns what the
+    shard's marker records."""
+    name = f"part-{shard:05d}.parquet"
+    final = f"{cell_dir}/{name}"
+    lost: list[str] = []
+    if seen is not None and len(seen) < expected["rows"]:
+        rows = store.read_parquet(expected["files"])
+        ids = (rows if RID in rows.column_names or adapt is None else adapt(rows))[RID]
+        lost = [r for r, h in zip(ids.to_pylist(), rid_hashes(ids)) if int(h) not in seen]
+    if len(pieces) == 1 and not lost:
+        table = store.read_parquet(pieces[0], columns=[ERROR])
+        store.move(pieces[0], final)
+    else:
+        tables = [store.read_parquet(p) for p in pieces]
+        if lost:  # never silent gaps
+            tables.append(pa.table({id_column: lost, ERROR: [
+                "stage produced no output for this record"] * len(lost)}))
+        table = (pa.concat_tables(tables, promote_options="default") if tables
+                 else pa.table({ERROR: pa.array([], pa.string())}))
+        tmp = f"{cell_dir}/_tmp/{run_id}/{name}"
+        store.write_parquet(tmp, table)
+        store.move(tmp, final)
+        for p in pieces:
+            store.delete(p)
+    errors = int(table.num_rows - pc.sum(pc.is_null(table[ERROR])).as_py()) if table.num_rows else 0
+    return {"file": name, "rows": table.num_rows, "errors": errors,
+            "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
+            "lost_records": len(lost), "pieces": len(pieces), "host": socket.gethostname()}
 
 
 def _write_shards(batch: pa.Table, *, store: RunStore, dirs: list[str],
                   n_shards: list[int]) -> pa.Table:
-    """map_batches task: split input rows by (cell, shard) into Parquet files in the store."""
+    """map_batches task: split input rows by (source, shard) into Parquet files in the store;
+    returns the files with 8-byte hashes of their record ids (the driver checks uniqueness
+    and fingerprints from those, never reading the rows)."""
     if RID not in batch.column_names:
         raise ValueError(f"stage input has no `{RID}` column (record id)")
     batch = batch.set_column(batch.column_names.index(RID), RID, pc.cast(batch[RID], pa.string()))
@@ -532,15 +784,21 @@ def _write_shards(batch: pa.Table, *, store: RunStore, dirs: list[str],
         rows = cells == c
         shards[rows] = shard_of(batch[RID].filter(pa.array(rows)), n_shards[c])
     batch = batch.append_column(SHARD, pa.array(shards, pa.int64()))
-    out_c, out_s, out_p = [], [], []
+    out = {k: [] for k in ("cell", "shard", "path", "rids", "xor")}
     for c, s in sorted({(int(c), int(s)) for c, s in zip(cells, shards)}):
         part = batch.filter(pa.array((cells == c) & (shards == s)))
         rel = f"{dirs[c]}/{s:05d}/{uuid.uuid4().hex}.parquet"
-        store.write_parquet(rel, part)
-        out_c.append(c)
-        out_s.append(s)
-        out_p.append(rel)
-    return pa.table({"cell": out_c, "shard": out_s, "path": out_p})
+        store.write_parquet(rel, part.drop_columns([CELL]))
+        ids = part[RID].to_pylist()
+        out["cell"].append(c)
+        out["shard"].append(s)
+        out["path"].append(rel)
+        out["rids"].append(rid_hashes(ids))
+        # `fingerprint`'s XOR, computed here so that it combines across files
+        out["xor"].append(functools.reduce(
+            lambda a, r: a ^ xxhash.xxh64_intdigest(str(r).encode(), seed=1), ids, 0))
+    return pa.table({**out, "rids": pa.array(out["rids"], pa.list_(pa.uint64())),
+                     "xor": pa.array(out["xor"], pa.uint64())})
 
 
 # ---------------------------------------------------------------------------------------

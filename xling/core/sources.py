@@ -20,7 +20,7 @@ import pyarrow as pa
 from pydantic import Field, field_validator
 
 from xling.core.config import ConfigError, Strict, check_lang
-from xling.core.runner import RID
+from xling.core.runner import RID, Source
 from xling.core.store import RunStore
 
 # ---------------------------------------------------------------------------------------
@@ -174,6 +174,25 @@ def _file_dataset(files: list[str]):
     import ray.data
 
     return ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+
+
+# The fields of a source spec that decide which rows are read (not its name, languages or
+# targets): equal values mean equal rows, so stages and cells share one partition.
+_READ_FIELDS = ("format", "path", "id_field", "title_field", "text_field", "encoding", "fields")
+
+
+def documents_source(spec: CorpusSpec, lang: str, files: list[str], adapt=None) -> Source:
+    """The documents rows of `spec` in `lang`, as a shareable partition source."""
+    key = {"documents": {k: getattr(spec, k) for k in _READ_FIELDS if hasattr(spec, k)},
+           "lang": lang, "files": sorted(files)}
+    return Source(key, functools.partial(read_documents, spec, lang, files), adapt=adapt)
+
+
+def queries_source(spec: TopicSpec, lang: str, files: list[str], adapt=None) -> Source:
+    """The queries rows of `spec` in `lang`, as a shareable partition source."""
+    key = {"queries": {k: getattr(spec, k) for k in _READ_FIELDS if hasattr(spec, k)},
+           "lang": lang, "files": sorted(files)}
+    return Source(key, functools.partial(read_queries, spec, lang, files), adapt=adapt)
 
 
 def read_documents(spec: CorpusSpec, lang: str, files: list[str]):

@@ -33,9 +33,9 @@ from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.models import resolve_model
-from xling.core.pools import actor_pool
-from xling.core.runner import RID, Cell, Stage, StageFailed, now, require_done
-from xling.core.sources import CorpusSpec, read_documents, spec_files
+from xling.core.pools import actor_pool, pool_resources
+from xling.core.runner import RID, Cell, Source, Stage, StageFailed, now, require_done
+from xling.core.sources import CorpusSpec, documents_source, spec_files
 from xling.core.store import RunStore
 from xling.jobs.translate import translate_cell
 from xling.tasks.languages import get_language
@@ -190,16 +190,34 @@ class IndexStage(Stage):
                       "or stopwords). The manifest records analyzer_fallback: true.")
 
     def read(self, cell: Cell, cfg: XlingConfig):
+        source = self.source(cell, cfg)
+        ds = source.read()
+        return ds.map_batches(source.adapt, batch_format="pyarrow") if source.adapt else ds
+
+    def source(self, cell: Cell, cfg: XlingConfig) -> Source:
+        """Original documents share their partition with ingest and translate; DT documents
+        are the translate cell's committed shards, read in place when the shard counts
+        match (translate.shards = index.shards)."""
         col = _collection(cfg, cell.key["collection"])
         if "translation" not in cell.params:
-            return read_documents(col, cell.key["lang"], cell.inputs)
-        import ray.data
+            return documents_source(col, cell.key["lang"], cell.inputs)
+        store, upstream = RunStore(cfg.run_root), _translate_of(cfg, cell)
 
-        store = RunStore(cfg.run_root)
-        manifest = require_done(store, _translate_of(cfg, cell), f"index cell {cell.id}")
-        files = [store.fs_path(f"{cell.inputs[0]}/{f}") for f in manifest["files"]]
-        ds = ray.data.read_parquet(files, filesystem=store.fs, shuffle=None)
-        return ds.map_batches(_translations_as_documents, batch_format="pyarrow")
+        def read():
+            import ray.data
+
+            manifest = require_done(store, upstream, f"index cell {cell.id}")
+            files = [store.fs_path(f"{upstream.dir}/{f}") for f in manifest["files"]]
+            ds = ray.data.read_parquet(files, filesystem=store.fs, shuffle=None)
+            return ds.map_batches(_with_rid, batch_format="pyarrow")
+
+        return Source({"cell": upstream.dir}, read, adapt=_translations_as_documents,
+                      cell=upstream.dir)
+
+    def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
+        if cells[0].key["engine"] == "bm25":
+            return {"CPU": 0.0}  # tasks only; the Lucene build runs after the stream
+        return pool_resources(cfg.index.dense.parallel)
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         ic = cfg.index
@@ -234,6 +252,10 @@ def _collection(cfg: XlingConfig, name: str) -> IndexCollection:
 def _translate_of(cfg: XlingConfig, cell: Cell) -> Cell:
     return translate_cell(cfg, "doc", cell.key["collection"], cell.key["lang"],
                           cell.key["text_lang"])
+
+
+def _with_rid(batch: pa.Table) -> pa.Table:
+    return batch.append_column(RID, batch["id"])
 
 
 def _translations_as_documents(batch: pa.Table) -> pa.Table:

@@ -16,9 +16,9 @@ from pydantic import Field
 from xling.actors.doc_stats import DocumentStats
 from xling.core.config import NoHash, Parallelism, Strict, hashable
 from xling.core.models import resolve_model
-from xling.core.pools import actor_pool
-from xling.core.runner import Cell, Stage
-from xling.core.sources import CorpusSpec, read_documents, spec_files
+from xling.core.pools import actor_pool, pool_resources
+from xling.core.runner import Cell, Source, Stage
+from xling.core.sources import CorpusSpec, documents_source, spec_files
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -62,8 +62,14 @@ class IngestStage(Stage):
         return cells
 
     def read(self, cell: Cell, cfg: XlingConfig):
+        return self.source(cell, cfg).read()
+
+    def source(self, cell: Cell, cfg: XlingConfig) -> Source:
         spec = next(s for s in cfg.ingest.corpora if s.name == cell.key["corpus"])
-        return read_documents(spec, cell.key["lang"], cell.inputs)
+        return documents_source(spec, cell.key["lang"], cell.inputs)
+
+    def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
+        return pool_resources(cfg.ingest.parallel)
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         p = cfg.ingest.parallel

@@ -17,6 +17,7 @@ the hub nor the driver's disk.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
@@ -25,9 +26,15 @@ from pydantic import Field, field_validator, model_validator
 from xling.actors.translator import Translator
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.models import fetch_ct2_model, is_ct2_dir, prepare_ct2_model, resolve_model
-from xling.core.pools import actor_pool
-from xling.core.runner import RID, Cell, Stage, StageFailed
-from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
+from xling.core.pools import actor_pool, pool_resources
+from xling.core.runner import RID, Cell, Source, Stage, StageFailed
+from xling.core.sources import (
+    CorpusSpec,
+    TopicSpec,
+    documents_source,
+    queries_source,
+    spec_files,
+)
 from xling.core.store import RunStore
 from xling.tasks.languages import LANGUAGES, get_language, lingua_language
 
@@ -174,14 +181,22 @@ class TranslateStage(Stage):
         return cells
 
     def read(self, cell: Cell, cfg: XlingConfig):
+        source = self.source(cell, cfg)
+        return source.read().map_batches(source.adapt, batch_format="pyarrow")
+
+    def source(self, cell: Cell, cfg: XlingConfig) -> Source:
+        """The documents (or queries) rows: every target language of a source language,
+        and ingest and index of the same corpus, share their partition."""
         kind, src = cell.params["kind"], cell.key["src"]
+        adapt = functools.partial(_to_input, kind=kind)
         if kind == "doc":
             spec = next(s for s in cfg.translate.documents if s.name == cell.key["source"])
-            ds = read_documents(spec, src, cell.inputs)
-        else:
-            spec = next(s for s in cfg.translate.topics if s.name == cell.key["source"])
-            ds = read_queries(spec, src, cell.inputs)
-        return ds.map_batches(_to_input, fn_kwargs={"kind": kind}, batch_format="pyarrow")
+            return documents_source(spec, src, cell.inputs, adapt=adapt)
+        spec = next(s for s in cfg.translate.topics if s.name == cell.key["source"])
+        return queries_source(spec, src, cell.inputs, adapt=adapt)
+
+    def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
+        return pool_resources(cfg.translate.parallel)
 
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         # Convert before Ray starts: a model that cannot be loaded stops the job here.
