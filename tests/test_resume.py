@@ -123,6 +123,7 @@ def test_sigkill_mid_run_then_resume(tmp_path, run_root, tiny_models):
     assert 3 <= len(first) < N_SHARDS, "the kill should land mid-run"
     [cell] = [c for c in store.list_dirs("ingest")]
     assert not store.exists(f"ingest/{cell}/_manifest.json")
+    committed = {s: store.read_bytes(f"ingest/{cell}/{m['file']}") for s, m in first.items()}
 
     # xling status sees a partial cell.
     st = subprocess.run([sys.executable, "-m", "xling.cli", "status", run_root, "--json"],
@@ -138,8 +139,9 @@ def test_sigkill_mid_run_then_resume(tmp_path, run_root, tiny_models):
 
     final = markers(store)
     assert len(final) == N_SHARDS
-    for s, m in first.items():  # committed shards were not recomputed
+    for s, m in first.items():  # committed shards were not recomputed, nor rewritten
         assert final[s] == m
+        assert store.read_bytes(f"ingest/{cell}/{m['file']}") == committed[s]
     manifest = store.read_json(f"ingest/{cell}/_manifest.json")
     assert len(manifest["run_ids"]) == 2
     assert sum(m["run_id"] != manifest["run_ids"][0] for m in final.values()) >= 1

@@ -270,6 +270,26 @@ example:
     _stage_args(p)
     p = sub.add_parser("report", help="write and print a summary of the run root")
     _stage_args(p)
+    p = sub.add_parser(
+        "sweep", help="run a config's stages over a grid of overrides (one run root)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Expand a grid of dotted overrides into one config per grid point and run "
+                    "the stages for all of them together: cells that grid points share run "
+                    "once, cells done earlier are skipped, and grid points served by the same "
+                    "model share its actor pool (loaded once). Ends with a table comparing the "
+                    "grid points' evaluate metrics (also written to report/sweep-*.md).",
+        epilog="""examples:
+  # BM25's k1 and b: every combination (first key slowest)
+  xling sweep -c configs/retrieve-ciral.yaml --grid 'retrieve.runs.0.k1=0.6,0.9,1.2' \
+      --grid 'retrieve.runs.0.b=0.4,0.75'
+  # LLM-CLIR Figure 2, the listwise reranker's document length (one model load):
+  xling sweep -c CONFIG_WITH_RERANK --grid 'rerank.runs.0.doc_tokens=64,128,256'
+  # or in the config:   sweep: {grid: {rerank.runs.0.doc_tokens: [64, 128, 256]}}
+""")
+    _stage_args(p)
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=v1,v2,...",
+                   help="a swept key and its values (repeatable; adds to the config's "
+                        "`sweep: grid:`)")
     p = sub.add_parser("validate", help="check a config; print it resolved, with cell hashes")
     p.add_argument("--config", "-c", required=True)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
@@ -318,11 +338,13 @@ def init_ray(cfg: XlingConfig, address: str | None) -> None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
-def run_stages(cfg: XlingConfig, stages: list[str], args) -> int:
+def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) -> int:
+    """Run stages of one config, or of a sweep's configs together (one run root)."""
     from xling.core.runner import Runner
     from xling.jobs.report import write_report
 
-    store = RunStore(cfg.run_root)
+    cfgs = cfg if isinstance(cfg, list) else [cfg]
+    store = RunStore(cfgs[0].run_root)
     registry = stage_registry()
     runner = Runner(store, force=args.force, progress=not args.no_progress)
     if args.dry_run:
@@ -330,32 +352,87 @@ def run_stages(cfg: XlingConfig, stages: list[str], args) -> int:
             if name == "report":
                 print(f"[report] would write {store.url('report/summary.md')}")
                 continue
-            for c in runner.plan(registry[name](), cfg):
+            seen = set()
+            for c in (c for one in cfgs for c in runner.plan(registry[name](), one)):
+                if c["cell"] in seen:
+                    continue
+                seen.add(c["cell"])
                 print(f"[{name}] {c['cell']}: {c['state']} ({c['shards_done']}/{c['n_shards']} "
                       f"shards committed); would run {c['todo']}\n    out: {c['dir']}\n    in:  "
                       + "\n         ".join(c["inputs"]))
         return 0
     # Everything that can be checked without Ray is checked before Ray starts: inputs,
     # models, languages (cells), then the run store.
-    for name in stages:
-        if name != "report":
-            registry[name]().cells(cfg)
+    for one in cfgs:
+        for name in stages:
+            if name != "report":
+                registry[name]().cells(one)
     store.check()
-    for i, name in enumerate(stages):
-        if name != "report":
-            registry[name]().prepare(cfg, store, upstream=tuple(stages[:i]))
+    for one in cfgs:
+        for i, name in enumerate(stages):
+            if name != "report":
+                registry[name]().prepare(one, store, upstream=tuple(stages[:i]))
     if any(s != "report" and not getattr(registry[s], "driver", False) for s in stages):
-        init_ray(cfg, args.address)
+        init_ray(cfgs[0], args.address)
     for name in stages:
         if name == "report":
             print(write_report(store))
         elif getattr(registry[name], "driver", False):
-            registry[name]().run_driver(cfg, store, force=args.force)
+            for one in cfgs:
+                registry[name]().run_driver(one, store, force=args.force)
         else:
             stage = registry[name]()
-            runner.run(stage, cfg)
-            stage.after_run(cfg, runner)
+            runner.run(stage, cfgs if len(cfgs) > 1 else cfgs[0])
+            for one in cfgs:
+                stage.after_run(one, runner)
     return 0
+
+
+def run_sweep(base: XlingConfig, args) -> int:
+    """`xling sweep`: the grid's configs through the stages, then the comparison table."""
+    from xling.core.sweep import as_overrides, comparison_table, grid_points, parse_grid
+
+    grid = {**(base.sweep.grid if base.sweep else {}), **parse_grid(args.grid)}
+    points = grid_points(grid)
+    cfgs = [load_config(args.config, [*args.overrides, *as_overrides(p)]) for p in points]
+    if len({c.run_root for c in cfgs}) > 1:
+        raise ConfigError("a sweep runs in one run root: do not sweep `run_root`")
+    print(f"[sweep] {len(points)} grid points over {', '.join(grid)}")
+    code = run_stages(cfgs, [s for s in base.stages if s != "report"], args)
+    if code or args.dry_run:
+        return code
+    store = RunStore(base.run_root)
+    table = comparison_table(points, [sweep_metrics(c, store) for c in cfgs])
+    from xling.core.config import stable_hash
+
+    path = f"report/sweep-{stable_hash(grid)}.md"
+    store.write_bytes(path, (f"# Sweep over {', '.join(grid)}\n\n{table}\n").encode())
+    print(f"{table}\n[sweep] -> {store.url(path)}")
+    if "report" in base.stages:
+        from xling.jobs.report import write_report
+
+        print(write_report(store))
+    return 0
+
+
+def sweep_metrics(cfg: XlingConfig, store: RunStore) -> list[dict]:
+    """The mean rows of a grid point's evaluate cells (none without an `evaluate:` section)."""
+    if cfg.evaluate is None:
+        return []
+    import pyarrow.compute as pc
+
+    from xling.core.runner import read_cell
+
+    rows = []
+    for cell in stage_registry()["evaluate"]().cells(cfg):
+        try:
+            t = read_cell(store, cell.dir)
+        except FileNotFoundError:
+            continue
+        if "query_id" in t.column_names:
+            t = t.filter(pc.is_null(t["query_id"]))
+        rows += t.to_pylist()
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
                     for c in runner.plan(stage_registry()[name](), cfg):
                         print(f"[{name}] cell {c['cell']} -> {c['dir']}")
             return 0
+        if args.command == "sweep":
+            return run_sweep(cfg, args)
         stages = cfg.stages if args.command == "run" else [args.command]
         return run_stages(cfg, stages, args)
     except (ConfigError, StoreError) as e:

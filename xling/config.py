@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from xling.core.config import ConfigError, NoHash, RayConfig, Strict, read_config, validate
+from xling.core.sweep import SweepConfig
 from xling.jobs.evaluate import EvaluateConfig
 from xling.jobs.generate import GenerateConfig
 from xling.jobs.index import IndexConfig
@@ -48,6 +49,7 @@ class XlingConfig(Strict):
     generate: GenerateConfig | None = None
     judge: JudgeConfig | None = None
     evaluate: EvaluateConfig | None = None
+    sweep: SweepConfig | None = NoHash(None, description="the grid `xling sweep` runs")
 
     @model_validator(mode="after")
     def _defaults(self) -> "XlingConfig":

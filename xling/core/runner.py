@@ -3,26 +3,32 @@
 Layout of one cell (all under `{run_root}/{stage}/{cell_id}/`):
 
     _plan.json              what the cell is (key, params, hash, shard count); written first
-    _input/_done.json       the input, partitioned by shard: rows and a fingerprint per shard
-    _input/NNNNN/*.parquet  input rows of shard NNNNN (`_rid`, `_shard` + the stage's columns)
-    _tmp/<run_id>/...       output being written by the current run (never read)
+    _tmp/<run_id>/...       output pieces written by workers of the current run (never read
+                            by anything but the shard's commit task)
     part-NNNNN.parquet      committed output of shard NNNNN
     _shards/NNNNN.json      shard NNNNN is committed: file, rows, errors, run id, times
     _failed.json            the last run of this cell raised; cleared when the cell finishes
     _manifest.json          written last: the cell is done (config, hash, code version,
                             input fingerprints, row and error counts, timings)
 
+and of its input, the partition (`Source` says whose):
+
+    _partitions/<hash>/     a source's rows split by shard, shared by every cell (of any
+                            stage) that reads the same source with the same shard count:
+                            `_done.json` (rows, fingerprint per shard) + NNNNN/*.parquet
+    {cell}/_input/          the same, for a stage that declares no source
+    {upstream cell}/        a committed cell's part files, read in place as the partition
+
 A record's shard is a stable hash of its id (`_rid`) modulo the shard count, so the same input
-always lands in the same shard. A killed run leaves committed shards alone; the next run
-redoes only shards without a marker, and overwrites their deterministic output names, so
-nothing is duplicated.
+always lands in the same shard. Workers write their output; the driver receives metadata
+only and commits a shard once all its records are out. A killed run leaves committed shards
+alone; the next run redoes only shards without a marker, and overwrites their deterministic
+output names, so nothing is duplicated.
 
 Why not Ray Data's `DataContext.checkpoint_config`: it checkpoints by row id inside one Ray
 Data pipeline and resumes that pipeline, but it cannot express our unit of commitment (a
 shard whose rows were all produced, with a manifest that other stages and `xling status`
-read), and it offers no place for input fingerprints or per-shard counts. The runner keeps
-one streaming pipeline per stage group, shared by its cells (one actor pool per model,
-loaded once), and commits shards as they stream out of it in order.
+read), and it offers no place for input fingerprints or per-shard counts.
 """
 
 from __future__ import annotations
@@ -744,6 +750,14 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
     shard's marker records."""
     name = f"part-{shard:05d}.parquet"
     final = f"{cell_dir}/{name}"
+    if pieces and not all(store.exists(p) for p in pieces) and store.exists(final):
+        # A retry of this task after it moved the pieces (its node died before it returned):
+        # no other task writes this shard's part in this run, so the part is its work.
+        table = store.read_parquet(final, columns=[ERROR])
+        errors = int(table.num_rows - pc.sum(pc.is_null(table[ERROR])).as_py())
+        return {"file": name, "rows": table.num_rows, "errors": errors,
+                "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
+                "lost_records": 0, "pieces": len(pieces), "host": socket.gethostname()}
     lost: list[str] = []
     if seen is not None and len(seen) < expected["rows"]:
         rows = store.read_parquet(expected["files"])

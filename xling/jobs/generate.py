@@ -29,8 +29,10 @@ from xling.core.llm import (
     engine_group,
     engine_params,
     generate_pool,
+    num_gpus,
     sampling_of,
 )
+from xling.core.pools import pool_resources
 from xling.core.runner import RID, Cell, Stage, part_files
 from xling.core.sources import _open, list_files
 from xling.core.store import RunStore
@@ -106,6 +108,13 @@ class GenerateStage(Stage):
 
     def group(self, cell: Cell) -> str:
         return engine_group(cell.params["model"])
+
+    def pool_key(self, cell: Cell, cfg: XlingConfig) -> str:
+        return ""  # map reads only cell params: grid points share the model's pool
+
+    def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
+        spec = next(s for s in cfg.generate.models if s.label == cells[0].key["model"])
+        return pool_resources(spec.parallel, num_gpus(spec))
 
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         for i, spec in enumerate(cfg.generate.models):

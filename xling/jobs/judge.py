@@ -31,8 +31,10 @@ from xling.core.llm import (
     engine_group,
     engine_params,
     generate_pool,
+    num_gpus,
     sampling_of,
 )
+from xling.core.pools import pool_resources
 from xling.core.runner import CELL, RID, Cell, Stage, part_files, read_rows, require_done
 from xling.core.store import RunStore
 from xling.tasks.prompts import built_prompt_table
@@ -105,6 +107,13 @@ class JudgeStage(Stage):
 
     def group(self, cell: Cell) -> str:
         return engine_group(cell.params["model"])
+
+    def pool_key(self, cell: Cell, cfg: XlingConfig) -> str:
+        return ""  # map reads only cell params: grid points share the model's pool
+
+    def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
+        spec = next(s for s in cfg.judge.judges if s.label == cells[0].key["judge"])
+        return pool_resources(spec.parallel, num_gpus(spec))
 
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         for i, spec in enumerate(cfg.judge.judges):
