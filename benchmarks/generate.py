@@ -3,17 +3,16 @@
 Prompts: questions made from the real Mr.TyDi passages in data/demo ("Summarise in one
 sentence: <passage sentence>"), repeated under new ids up to --prompts, as chat prompts.
 
-Bare engine: one `vllm.LLM` in this process, the prompts through `LLM.chat`'s chat template
-and ONE `generate` call over all of them (vLLM schedules and batches them itself).
+Bare engine: one `vllm.LLM` in this process, the prompts through the chat template and one
+`generate` call per `--batch-size` prompts, as xling's actor calls it.
 
 xling: the whole `generate` stage (`xling generate`, local Ray): partitioning into shards,
 the generator actor (vLLM in a Ray actor, prompts tokenized and length-checked by xling,
 the cache lookup and write), ordered streaming, Parquet commits and manifests.
 
-Same model, dtype, max_model_len, greedy sampling and max_tokens on both sides. Reported:
-output tokens/s of each, and xling / bare both over the whole run and at steady state
-(the marginal rate between runs on half and all of the prompts, which cancels fixed
-costs: Ray start, actor start, model load).
+Same model, dtype, max_model_len, greedy sampling and max_tokens on both sides. Reported
+(benchmarks/common.py): prompts/s at steady state (after each side's first call; xling's
+from the manifest's `stream` timings) and over the whole run, with start-up broken out.
 
     .venv/bin/python benchmarks/generate.py --prompts 512 --max-tokens 64
     python benchmarks/generate.py --model Qwen/Qwen2.5-7B-Instruct --prompts 5000 \
@@ -31,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import print_ratios
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,14 +64,20 @@ def bare(args, texts: list[str]) -> dict:
     load = time.perf_counter() - t0
     tok = llm.get_tokenizer()
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, seed=0)
-    out = {"load_s": load}
-    for label, part in (("half", texts[: len(texts) // 2]), ("all", texts)):
+    # Fed as xling's actor is fed: one generate() call per `batch_size` prompts.
+    t0 = time.perf_counter()
+    tokens, first = 0, None
+    for lo in range(0, len(texts), args.batch_size):
+        part = texts[lo:lo + args.batch_size]
         ids = [{"prompt_token_ids": chat_ids(tok, t)} for t in part]
-        t0 = time.perf_counter()
         res = llm.generate(ids, params, use_tqdm=False)
-        out[label] = {"s": time.perf_counter() - t0,
-                      "tokens": sum(len(r.outputs[0].token_ids) for r in res)}
-    return out
+        tokens += sum(len(r.outputs[0].token_ids) for r in res)
+        if first is None:
+            first = (time.perf_counter() - t0, len(part))
+    wall = time.perf_counter() - t0
+    n = len(texts)
+    return {"load_s": load, "s": wall, "tokens": tokens, "whole": n / (wall + load),
+            "steady": (n - first[1]) / (wall - first[0]) if wall > first[0] else 0.0}
 
 
 def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
@@ -102,7 +109,12 @@ def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
     t = read_cell(store, cell, columns=["n_output_tokens", "error"])
     errors = [e for e in t["error"].to_pylist() if e]
     assert not errors, f"{len(errors)} benchmark prompts failed, e.g. {errors[0]}"
-    return {"s": seconds, "tokens": int(sum(x or 0 for x in t["n_output_tokens"].to_pylist()))}
+    st = store.read_json(f"{cell}/_manifest.json")["stream"]
+    return {"s": seconds, "tokens": int(sum(x or 0 for x in t["n_output_tokens"].to_pylist())),
+            "rates": {"records": st["records"], "whole": st["records"] / seconds,
+                      "steady": (st["records"] - st["first_records"])
+                      / (st["ended"] - st["first_output"]),
+                      "startup": st["first_output"] - st["started"]}}
 
 
 def main() -> None:
@@ -127,26 +139,14 @@ def main() -> None:
         os.environ.update(VLLM_CPU_ENV)
     texts = prompts(args.prompts)
     with tempfile.TemporaryDirectory(prefix="xling-bench-gen-") as tmp:
-        tmp = Path(tmp)
-        x_half = xling(args, texts[: len(texts) // 2], tmp, "half")
-        x_all = xling(args, texts, tmp, "all")
+        x = xling(args, texts, Path(tmp), "all")
         b = bare(args, texts)
-    b_rate = b["all"]["tokens"] / b["all"]["s"]
-    b_marg = (b["all"]["tokens"] - b["half"]["tokens"]) / (b["all"]["s"] - b["half"]["s"])
-    x_rate = x_all["tokens"] / x_all["s"]
-    x_marg = (x_all["tokens"] - x_half["tokens"]) / (x_all["s"] - x_half["s"])
-    b_whole = b["all"]["tokens"] / (b["all"]["s"] + b["load_s"])
     print(f"\nmodel {args.model}, {args.prompts} prompts, max_tokens {args.max_tokens}, "
-          f"{'GPU' if gpu else 'CPU'}")
-    print(f"{'':34s} {'bare vLLM':>12s} {'xling':>12s} {'ratio':>7s}")
-    print(f"{'output tokens':34s} {b['all']['tokens']:12d} {x_all['tokens']:12d}")
-    print(f"{'steady state, output tokens/s':34s} {b_marg:12.1f} {x_marg:12.1f} "
-          f"{x_marg / b_marg:7.2f}")
-    print(f"{'whole run incl. load, tokens/s':34s} {b_whole:12.1f} {x_rate:12.1f} "
-          f"{x_rate / b_whole:7.2f}")
-    print(f"{'generate() only, tokens/s':34s} {b_rate:12.1f}")
-    print(f"bare model load {b['load_s']:.1f}s; xling runs {x_half['s']:.1f}s (half), "
-          f"{x_all['s']:.1f}s (all)")
+          f"{'GPU' if gpu else 'CPU'}, {args.batch_size} prompts per call on both sides")
+    print(f"output tokens: bare {b['tokens']}, xling {x['tokens']}; bare load "
+          f"{b['load_s']:.1f} s + generate {b['s']:.1f} s; xling run {x['s']:.1f} s "
+          f"(Ray start included)")
+    print_ratios("prompts/s", b["steady"], b["whole"], x["rates"], b["load_s"])
 
 
 if __name__ == "__main__":

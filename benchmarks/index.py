@@ -9,9 +9,9 @@ Indexing:
 - bare: Anserini's IndexCollection (what `python -m pyserini.index.lucene` runs) with
   --threads T over the corpus written as T*4 JsonCollection files (its threads work per
   file), in a JVM that is already started;
-- xling: the whole `index` stage on local Ray (partition into shards, contents, per-shard
-  IndexCollection tasks with 1 thread each, T at a time, and the merge into one index in
-  the run store), from an already initialised Ray.
+- xling: the whole `index` stage on local Ray (partition into shards, contents, Lucene
+  segments built by the LuceneSegments actors in the same pass, and the merge into one
+  index in the run store), from an already initialised Ray.
 
 Search: pyserini's `LuceneSearcher.batch_search` with T threads over all queries, reading
 each hit's doc id and score (what writing a run file takes), against the `retrieve` stage
@@ -19,8 +19,9 @@ each hit's doc id and score (what writing a run file takes), against the `retrie
 merged index, hits rows committed as Parquet shards and a TREC file) on the same index.
 Both return the top --depth hits.
 
-Reported: docs/s and queries/s for both, and the ratio xling / bare. Fixed costs (Ray Data
-pipeline start, actor start, JVM start in each worker) are included on xling's side.
+Reported (benchmarks/common.py): docs/s and queries/s at steady state and over the whole
+run, with the ratio xling / bare; xling's start-up (Ray Data pipelines, partition, actor and
+JVM start) broken out.
 
     .venv/bin/python benchmarks/index.py --docs 200000 --queries 20000 --threads 2
 """
@@ -35,6 +36,8 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+from common import print_ratios, stream_rates
 
 import numpy as np
 
@@ -73,9 +76,9 @@ def write_inputs(tmp: Path, docs: list[str], queries: list[str]) -> None:
     (tmp / "topics.tsv").write_text("".join(f"q{i}\t{t}\n" for i, t in enumerate(queries)))
 
 
-def run_xling(cfg, index_stage, **ray_init) -> tuple[float, float, int]:
-    """Run the `index` then the `retrieve` stage on a fresh local Ray: their seconds, and
-    the number of hits the retrieve cell committed."""
+def run_xling(cfg, index_stage, **ray_init) -> tuple[dict, dict, int]:
+    """Run the `index` then the `retrieve` stage on a fresh local Ray: their rates
+    (benchmarks/common.py), and the number of hits the retrieve cell committed."""
     import ray
 
     from xling.jobs.retrieve import RetrieveStage
@@ -90,21 +93,13 @@ def run_xling(cfg, index_stage, **ray_init) -> tuple[float, float, int]:
     runner = Runner(store, progress=False, log=lambda *_: None)
     t = time.perf_counter()
     runner.run(index_stage, cfg)
-    index_s = time.perf_counter() - t
+    index = stream_rates(runner, time.perf_counter() - t)
+    runner = Runner(store, progress=False, log=lambda *_: None)
     t = time.perf_counter()
     runner.run(RetrieveStage(), cfg)
-    search_s = time.perf_counter() - t
+    search = stream_rates(runner, time.perf_counter() - t)
     [rcell] = store.list_dirs("retrieve")
-    return index_s, search_s, store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]
-
-
-def print_table(rows: list[tuple[str, str, float, float]], n_bare_hits: int,
-                n_xling_hits: int) -> None:
-    """(name, unit, bare throughput, xling throughput) rows, with the ratio xling / bare."""
-    print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
-    print(f"{'':10s} {'unit':11s} {'bare':>12s} {'xling':>12s} {'ratio':>7s}")
-    for name, unit, bare, ours in rows:
-        print(f"{name:10s} {unit:11s} {bare:12.1f} {ours:12.1f} {ours / bare:7.2f}")
+    return index, search, store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]
 
 
 def main() -> None:
@@ -163,7 +158,7 @@ def main() -> None:
     from xling.jobs.index import IndexStage
 
     class TimedIndexStage(IndexStage):
-        """Times `finalize` (Lucene shard builds and the merge) apart from the rest."""
+        """Times `finalize` (the merge of the Lucene pieces) apart from the rest."""
 
         lucene_s = 0.0
 
@@ -174,17 +169,17 @@ def main() -> None:
             finally:
                 TimedIndexStage.lucene_s += time.perf_counter() - t
 
-    xling_index_s, xling_search_s, n_xling_hits = run_xling(cfg, TimedIndexStage(),
-                                                            num_cpus=args.threads)
+    xi, xs, n_xling_hits = run_xling(cfg, TimedIndexStage(), num_cpus=args.threads)
 
-    # Greek ("el") has no Anserini analyzer: both sides used the standard analyzer.
-    rows = [("indexing", "docs/s", len(docs) / bare_index_s, len(docs) / xling_index_s),
-            ("search", "queries/s", len(queries) / bare_search_s, len(queries) / xling_search_s)]
-    print_table(rows, n_bare_hits, n_xling_hits)
-    print(f"seconds: bare index {bare_index_s:.1f}, xling index {xling_index_s:.1f} (read, "
-          f"partition and contents {xling_index_s - TimedIndexStage.lucene_s:.1f}, Lucene shard "
-          f"builds and merge {TimedIndexStage.lucene_s:.1f}); bare search {bare_search_s:.1f}, "
-          f"xling search {xling_search_s:.1f}")
+    # Greek ("el") has no Anserini analyzer: both sides used the standard analyzer. The bare
+    # calls have no first output to cut at: their steady rate is their whole rate, JVM
+    # start excluded (it is started before both).
+    print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
+    print("indexing")
+    print_ratios("docs/s", len(docs) / bare_index_s, len(docs) / bare_index_s, xi)
+    print(f"  xling index merge (finalize) {TimedIndexStage.lucene_s:.1f} s of the whole run")
+    print("search")
+    print_ratios("queries/s", len(queries) / bare_search_s, len(queries) / bare_search_s, xs)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Throughput of the `ingest` stage against its bare engine, on the same documents, in one run.
 
-Bare engine: one Python process that parses the JSONL, segments with sentencex and counts
-tokens with the same `tokenizers` file, in a loop. xling: the full stage on local Ray
-(partition into shards, DocumentStats actor pool, ordered streaming, per-shard commits,
-manifests). Ray's own start-up is excluded from both (it is paid once per job).
+Bare engine: as many Python processes as xling has actors, parsing the JSONL, segmenting with
+sentencex and counting tokens with the same `tokenizers` file, fed the same batches. xling:
+the full stage on local Ray (partition into shards, DocumentStats actor pool, workers'
+commits, manifests). Ray's own start-up is excluded (it is paid once per job). Steady state
+and whole run as in benchmarks/common.py.
 
     .venv/bin/python benchmarks/ingest.py --docs 20000 --shards 16
 """
@@ -17,6 +18,8 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+
+from common import print_ratios, stream_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,37 +38,56 @@ def make_corpus(path: Path, n_docs: int) -> int:
     return n_docs
 
 
-def bare(path: Path, tokenizer_dir: str) -> float:
-    from sentencex import segment
+_TOK = None
+
+
+def _init(tokenizer_dir: str) -> None:
+    global _TOK
     from tokenizers import Tokenizer
+
+    _TOK = Tokenizer.from_file(f"{tokenizer_dir}/tokenizer.json")
+
+
+def _work(lines: list[str]) -> int:
+    from sentencex import segment
 
     from xling.tasks.corpora import parse_document_line
 
-    tok = Tokenizer.from_file(f"{tokenizer_dir}/tokenizer.json")
-    t0 = time.perf_counter()
-    n = 0
-    with path.open(encoding="utf-8") as f:
-        batch = []
-        for line in f:
-            row = parse_document_line(line, fmt="mrtydi", lang="en", source="bench")
-            batch.append(row)
-            if len(batch) == 64:
-                n += _measure(batch, tok, segment)
-                batch = []
-        n += _measure(batch, tok, segment)
-    return n / (time.perf_counter() - t0)
+    batch = [parse_document_line(line, fmt="mrtydi", lang="en", source="bench") for line in lines]
+    return _measure(batch, _TOK, segment)
 
 
 def _measure(batch, tok, segment) -> int:
     ids = tok.encode_batch([r["text"] for r in batch], add_special_tokens=False)
     for r, e in zip(batch, ids):
         r["n_tokens"] = len(e.ids)
-        r["n_segments"] = sum(1 for p in r["text"].split("\n") for s in segment("en", p) if s.strip())
+        r["n_segments"] = sum(1 for p in r["text"].split("\n") for s in segment("en", p)
+                              if s.strip())
     return len(batch)
 
 
+def bare(path: Path, tokenizer_dir: str, processes: int, batch_size: int) -> dict:
+    """The same parse + segment + count, in `processes` worker processes (as many as xling's
+    actors), fed batches of `batch_size` lines."""
+    import multiprocessing as mp
+
+    lines = path.read_text(encoding="utf-8").splitlines()
+    batches = [lines[i:i + batch_size] for i in range(0, len(lines), batch_size)]
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(processes, initializer=_init,
+                                      initargs=(tokenizer_dir,)) as pool:
+        start = time.perf_counter() - t0
+        n, first = 0, None
+        for got in pool.imap_unordered(_work, batches):
+            n += got
+            if first is None:
+                first = (time.perf_counter() - t0, got)
+    wall = time.perf_counter() - t0
+    return {"whole": n / wall, "steady": (n - first[1]) / (wall - first[0]), "startup": start}
+
+
 def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int,
-                batch_size: int) -> tuple[float, float]:
+                batch_size: int) -> dict:
     import ray
     import ray.data
 
@@ -83,10 +105,11 @@ def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int,
         "parallel": {"concurrency": [concurrency, concurrency], "batch_size": batch_size},
         "corpora": [{"name": "bench", "format": "mrtydi", "path": str(path), "langs": ["en"]}]}})
     t0 = time.perf_counter()
-    [rep] = Runner(RunStore(run_root), progress=False, log=lambda *_: None).run(IngestStage(), cfg)
+    runner = Runner(RunStore(run_root), progress=False, log=lambda *_: None)
+    runner.run(IngestStage(), cfg)
     wall = time.perf_counter() - t0
     ray.shutdown()
-    return rep.rows / wall, wall
+    return stream_rates(runner, wall)
 
 
 def main() -> None:
@@ -102,13 +125,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "docs.jsonl"
         make_corpus(path, args.docs)
-        b = bare(path, tok)
-        x, wall = xling_stage(path, tok, args.shards, args.concurrency, args.batch_size)
-    print(f"documents            {args.docs}")
-    print(f"bare engine          {b:10.1f} docs/s  (1 process)")
-    print(f"xling ingest stage   {x:10.1f} docs/s  ({args.concurrency} actors, {args.shards} shards, "
-          f"{wall:.1f} s incl. partition and commits)")
-    print(f"ratio xling / bare   {x / b:10.2f}")
+        b = bare(path, tok, args.concurrency, args.batch_size)
+        x = xling_stage(path, tok, args.shards, args.concurrency, args.batch_size)
+    print(f"documents {args.docs}; {args.concurrency} processes (bare) / actors (xling), "
+          f"{args.shards} shards")
+    print_ratios("docs/s", b["steady"], b["whole"], x, b["startup"])
 
 
 if __name__ == "__main__":

@@ -4,9 +4,12 @@ Sentences: real Mr.TyDi and NeuCLIR passages from data/demo, split with sentence
 under new ids up to --sentences; each sentence is one document, so both sides translate
 exactly the same inputs.
 
-Bare engine: one `ctranslate2.Translator`, the sentences tokenized with the model's
-`tokenizer.json`, ONE `translate_batch` call over all of them (max_batch_size in tokens,
-batch_type="tokens", so CTranslate2 sorts and batches them itself), then detokenized.
+Bare engine: one `ctranslate2.Translator` with the same threads, the sentences tokenized
+with the model's `tokenizer.json` and fed the way xling's actor feeds it (each actor call's
+sentences sorted by length and cut into the same padded token batches, submitted
+asynchronously), then detokenized: so the ratio measures xling's overhead only. (A single
+`translate_batch` over everything with CTranslate2's own token batching ran 1.3-2.9x slower
+here than these batches: that was a mis-tuned bare side, not xling beating the engine.)
 
 xling: the whole `translate` stage on local Ray (partition into shards, reading, the
 Translator actor with sentence segmentation, splitting, token batching, async CTranslate2,
@@ -16,10 +19,9 @@ Same options on both sides: beam size, compute type, threads, batch budget, and 
 decode bound for every sentence (the bench sets ratio high enough that every sentence gets
 `--max-decode` tokens, the only bound a single bare call can express).
 
-Reported: sentences/s and target tokens/s, padding efficiency (real / padded source tokens),
-the ratio xling / bare at steady state (the marginal rate between a run on half the
-sentences and one on all of them, which cancels fixed costs) and over the whole run,
-and start-up costs (model load for bare; Ray Data pipelines + actor start for xling).
+Reported (benchmarks/common.py): sentences/s at steady state (after each side's first
+output) and over the whole run, their ratios, and start-up (model load for bare; Ray Data
+pipelines, partition and actor start for xling), with the padding efficiency.
 
     .venv/bin/python benchmarks/translate.py --sentences 3000
     .venv/bin/python benchmarks/translate.py --model /models/nllb-600M-ct2 --device cuda \
@@ -35,6 +37,8 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+
+from common import print_ratios, stream_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,8 +69,13 @@ def real_sentences(n: int, tokenizer: str, max_tokens: int = 200) -> list[tuple[
 
 
 def bare(model: str, sents: list[str], a) -> dict:
+    """CTranslate2 at its best here, fed exactly as xling's actor feeds it: the sentences of
+    each actor call (`batch_size` documents) sorted by length and cut into padded token
+    batches (`token_batches`), each batch submitted asynchronously with the same options."""
     import ctranslate2
     from tokenizers import Tokenizer
+
+    from xling.actors.segments import token_batches
 
     t0 = time.perf_counter()
     engine = ctranslate2.Translator(model, device=a.device, compute_type=a.compute_type,
@@ -76,17 +85,30 @@ def bare(model: str, sents: list[str], a) -> dict:
     t0 = time.perf_counter()
     sources = [["eng_Latn", *e.tokens, "</s>"]
                for e in tok.encode_batch(sents, add_special_tokens=False)]
-    results = engine.translate_batch(
-        sources, target_prefix=[["deu_Latn"]] * len(sources), beam_size=a.beam_size,
-        max_batch_size=a.max_batch_tokens, batch_type="tokens", max_input_length=0,
-        max_decoding_length=a.max_decode + 1)
-    hyps = [r.hypotheses[0][1:] for r in results]
+    hyps: list = [None] * len(sources)
+    first = None  # (seconds, sentences) when the first call's batches were done
+    for lo in range(0, len(sources), a.batch_size):
+        window = list(range(lo, min(lo + a.batch_size, len(sources))))
+        jobs = []
+        for idx in token_batches([len(sources[i]) for i in window], a.max_batch_tokens):
+            ids = [window[i] for i in idx]
+            jobs.append((ids, engine.translate_batch(
+                [sources[i] for i in ids], target_prefix=[["deu_Latn"]] * len(ids),
+                asynchronous=True, beam_size=a.beam_size, max_batch_size=0,
+                max_input_length=0, max_decoding_length=a.max_decode + 1,
+                return_end_token=True)))
+        for ids, results in jobs:
+            for i, r in zip(ids, results):
+                hyps[i] = [t for t in r.result().hypotheses[0][1:] if t != "</s>"]
+        if first is None:
+            first = (time.perf_counter() - t0, len(window))
     texts = [tok.decode([tok.token_to_id(t) for t in h if tok.token_to_id(t) is not None],
                         skip_special_tokens=True) for h in hyps]
     wall = time.perf_counter() - t0
     assert len(texts) == len(sents)
     return {"load": load, "wall": wall, "tgt_tokens": sum(len(h) for h in hyps),
-            "lengths": [len(s) for s in sources]}
+            "lengths": [len(s) for s in sources],
+            "steady": (len(sents) - first[1]) / (wall - first[0]) if wall > first[0] else 0.0}
 
 
 def xling_stage(model: str, corpus: Path, a) -> dict:
@@ -109,12 +131,12 @@ def xling_stage(model: str, corpus: Path, a) -> dict:
                        "targets": ["de"], "id_field": "id", "title_field": None,
                        "text_field": "text"}]}})
     t0 = time.perf_counter()
-    [rep] = Runner(RunStore(run_root), progress=False, log=lambda *_: None).run(
-        TranslateStage(), cfg)
+    runner = Runner(RunStore(run_root), progress=False, log=lambda *_: None)
+    [rep] = runner.run(TranslateStage(), cfg)
     wall = time.perf_counter() - t0
     table = read_cell(RunStore(run_root), rep.cell.dir, columns=["n_tgt_tokens", "error"])
     assert rep.errors == 0, "benchmark sentences must all translate"
-    return {"wall": wall, "rows": rep.rows,
+    return {"wall": wall, "rows": rep.rows, "rates": stream_rates(runner, wall),
             "tgt_tokens": sum(n or 0 for n in table["n_tgt_tokens"].to_pylist())}
 
 
@@ -145,7 +167,6 @@ def main() -> None:
 
     model = resolve_model(a.model)
     pairs = real_sentences(a.sentences, model)
-    half = pairs[: len(pairs) // 2]
     import ray
     import ray.data
 
@@ -154,32 +175,17 @@ def main() -> None:
         ray.init(num_cpus=a.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars, ctx.print_on_execution_start = False, False
-        xh = xling_stage(model, write_corpus(Path(d) / "half.jsonl", half), a)
         x = xling_stage(model, write_corpus(Path(d) / "all.jsonl", pairs), a)
         ray.shutdown()
     n = len(pairs)
-    # Steady state: the marginal cost of the second half of the sentences, which cancels
-    # everything paid once per run (pipelines, partition, actor and model start, manifests).
-    steady = (n - len(half)) / (x["wall"] - xh["wall"])
-    steady_tok = (x["tgt_tokens"] - xh["tgt_tokens"]) / (x["wall"] - xh["wall"])
-    startup = x["wall"] - n / steady
     lengths = b["lengths"]
-    # Bare: CTranslate2 sorts the whole call by length; xling: each actor call is one window.
-    pad_bare = padding_efficiency(lengths, token_batches(lengths, a.max_batch_tokens))
-    pad_x = padding_efficiency(lengths, token_batches(lengths, a.max_batch_tokens,
-                                                      window=a.batch_size))
-    b_sps, x_all = n / b["wall"], n / x["wall"]
-    print(f"sentences            {n}   model {a.model}   device {a.device}   beam {a.beam_size}")
-    print(f"bare CTranslate2     {b_sps:9.1f} sent/s  {b['tgt_tokens'] / b['wall']:10.1f} tgt tok/s"
-          f"  padding eff {pad_bare:.3f}  (load {b['load']:.2f} s, translate {b['wall']:.1f} s)")
-    print(f"xling steady state   {steady:9.1f} sent/s  {steady_tok:10.1f} tgt tok/s"
-          f"  padding eff {pad_x:.3f}  (runs of {len(half)} and {n}: {xh['wall']:.1f} s, "
-          f"{x['wall']:.1f} s)")
-    print(f"xling whole run      {x_all:9.1f} sent/s  {x['tgt_tokens'] / x['wall']:10.1f} tgt tok/s")
-    print(f"xling startup        {startup:9.1f} s      (Ray Data pipelines, partition, actor + "
-          f"model load, commits)")
-    print(f"ratio steady / bare  {steady / b_sps:9.2f}")
-    print(f"ratio whole / bare   {x_all / b_sps:9.2f}")
+    pad = padding_efficiency(lengths, token_batches(lengths, a.max_batch_tokens,
+                                                    window=a.batch_size))
+    print(f"sentences {n}   model {a.model}   device {a.device}   beam {a.beam_size}   "
+          f"padding eff {pad:.3f} (both sides)")
+    print(f"target tokens: bare {b['tgt_tokens']}, xling {x['tgt_tokens']}; bare load "
+          f"{b['load']:.2f} s, translate {b['wall']:.1f} s; xling run {x['wall']:.1f} s")
+    print_ratios("sent/s", b["steady"], n / b["wall"], x["rates"], b["load"])
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from xling.actors.llm import (
 )
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict, hashable, stable_hash
 from xling.core.models import resolve_model
-from xling.core.pools import actor_pool
-from xling.core.runner import CELL, RID
+from xling.core.pools import actor_pool, pool_resources
+from xling.core.runner import CELL, RID, Cell, Stage
 from xling.core.store import RunStore
 from xling.tasks.parsers import PARSERS
 
@@ -321,6 +321,28 @@ ENGINE_KEYS = ("backend", "model", "chat", "max_model_len", "dtype", "engine_kwa
 def engine_group(model: dict) -> str:
     """The actor pool a model entry's cells share: same model and engine settings."""
     return stable_hash({k: model.get(k) for k in ENGINE_KEYS})
+
+
+class LLMStage(Stage):
+    """A stage whose cells each ask one LLM entry (`cell.key[label_key]`) of `entries(cfg)`:
+    cells that load the same engine share one actor pool, also across a sweep's grid points
+    (its `map` reads only cell params)."""
+
+    id_column = "item_id"
+    label_key = "model"
+
+    def entries(self, cfg) -> list[LLMSpec]:
+        raise NotImplementedError
+
+    def group(self, cell: Cell) -> str:
+        return engine_group(cell.params["model"])
+
+    def pool_key(self, cell: Cell, cfg) -> str:
+        return ""
+
+    def resources(self, cells: list[Cell], cfg) -> dict:
+        spec = next(s for s in self.entries(cfg) if s.label == cells[0].key[self.label_key])
+        return pool_resources(spec.parallel, num_gpus(spec))
 
 
 def generate_pool(ds, run_root: str, specs: dict, calls: list[tuple[str, dict, str]], *,

@@ -270,6 +270,10 @@ class Runner:
         self.run_id = f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
         self.driver_bytes: dict[str, int] = {}  # cell id -> metadata bytes the driver received
         self.concurrent_groups = 0  # the most groups that ran at once (for tests and logs)
+        # Per processed group: when it started, when its first output reached the driver
+        # (with how many records), when it ended. Benchmarks read the steady-state rate off
+        # these: records after the first output / time after it.
+        self.streams: list[dict] = []
 
     # ---- public --------------------------------------------------------------------
     def plan(self, stage: Stage, cfg: XlingConfig) -> list[dict]:
@@ -588,8 +592,13 @@ class Runner:
                 (i, s), started = committing.pop(ready[0])
                 self._mark(stage, cells[i], s, ray.get(ready[0]), started)
 
+        stream = {"cells": [c.id for c in cells], "records": total, "started": time.time(),
+                  "first_output": None, "first_records": 0}
         for batch in meta.iter_batches(batch_format="pyarrow", batch_size=None):
             rows = batch.to_pylist()
+            if stream["first_output"] is None:
+                stream["first_output"] = time.time()
+                stream["first_records"] = sum(len(r["rids"]) for r in rows)
             weight = sum(max(1, len(r["rids"])) for r in rows)
             for r in rows:  # the batch's Arrow bytes, shared out by each piece's id count
                 cid = cells[r["cell"]].id
@@ -614,6 +623,8 @@ class Runner:
                 submit(key, lost_check=True)
         collect(block=True)
         bar.close()
+        stream["ended"] = time.time()
+        self.streams.append(stream)
 
     def _read_pending(self, cells: list[Cell], todo: list[tuple[int, int]], inputs: dict):
         """The pending shards' input rows, each tagged with its cell (an index into `cells`)
@@ -670,6 +681,10 @@ class Runner:
                        for s in sorted(markers)},
             "run_ids": sorted({m["run_id"] for m in markers.values()}),
             "driver_bytes": self.driver_bytes.get(cell.id, 0),
+            # The pipeline that processed this cell in this run (shared with its group):
+            # the steady-state rate is (records - first_records) / (ended - first_output).
+            "stream": next(({k: v for k, v in st.items() if k != "cells"}
+                            for st in self.streams if cell.id in st["cells"]), None),
             "timings": {"first_commit": min(m["committed_at"] for m in markers.values()),
                         "last_commit": max(m["committed_at"] for m in markers.values()),
                         "this_run_seconds": round(time.time() - t0, 3)},

@@ -24,16 +24,14 @@ from pydantic import Field, model_validator
 from xling.core.config import NoHash, Strict
 from xling.core.llm import (
     LLMSpec,
+    LLMStage,
     SamplingSpec,
     check_model,
-    engine_group,
     engine_params,
     generate_pool,
-    num_gpus,
     sampling_of,
 )
-from xling.core.pools import pool_resources
-from xling.core.runner import RID, Cell, Stage, part_files
+from xling.core.runner import RID, Cell, part_files
 from xling.core.sources import _open, list_files
 from xling.core.store import RunStore
 from xling.tasks.prompts import iter_prompt_lines, prompt_row, prompt_table
@@ -83,9 +81,8 @@ class GenerateConfig(Strict):
 
 
 
-class GenerateStage(Stage):
+class GenerateStage(LLMStage):
     name = "generate"
-    id_column = "item_id"
 
     def prompt_sets(self, cfg: XlingConfig) -> list[tuple[dict, dict, list[str]]]:
         """(cell key, prompts params, input files) of each prompt set: here the files under
@@ -106,15 +103,8 @@ class GenerateStage(Stage):
                                   inputs=files, n_shards=gc.shards))
         return cells
 
-    def group(self, cell: Cell) -> str:
-        return engine_group(cell.params["model"])
-
-    def pool_key(self, cell: Cell, cfg: XlingConfig) -> str:
-        return ""  # map reads only cell params: grid points share the model's pool
-
-    def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
-        spec = next(s for s in cfg.generate.models if s.label == cells[0].key["model"])
-        return pool_resources(spec.parallel, num_gpus(spec))
+    def entries(self, cfg: XlingConfig) -> list:
+        return cfg.generate.models
 
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         for i, spec in enumerate(cfg.generate.models):

@@ -24,9 +24,9 @@ import contextlib
 import functools
 import os
 import tempfile
-import time
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, field_validator, model_validator
@@ -34,7 +34,18 @@ from pydantic import Field, field_validator, model_validator
 from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.models import resolve_model
 from xling.core.pools import actor_pool, pool_resources
-from xling.core.runner import RID, Cell, Source, Stage, StageFailed, now, require_done
+from xling.core.runner import (
+    CELL,
+    RID,
+    SHARD,
+    Cell,
+    Source,
+    Stage,
+    StageFailed,
+    now,
+    part_files,
+    require_done,
+)
 from xling.core.sources import CorpusSpec, documents_source, spec_files
 from xling.core.store import RunStore
 from xling.jobs.translate import translate_cell
@@ -216,7 +227,7 @@ class IndexStage(Stage):
 
     def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
         if cells[0].key["engine"] == "bm25":
-            return {"CPU": 0.0}  # tasks only; the Lucene build runs after the stream
+            return pool_resources(cfg.index.parallel)
         return pool_resources(cfg.index.dense.parallel)
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
@@ -224,7 +235,18 @@ class IndexStage(Stage):
         ds = ds.map_batches(functools.partial(_contents, fields=ic.contents),
                             batch_format="pyarrow")
         if cells[0].key["engine"] == "bm25":
-            return ds.drop_columns(["title", "text"])
+            # The Lucene segments are built here, from the partition's rows, in the one pass
+            # over the text; finalize only merges them.
+            p = ic.parallel
+            return ds.drop_columns(["title", "text"]).map_batches(
+                LuceneSegments, batch_format="pyarrow", batch_size=p.batch_size,
+                fn_constructor_kwargs=dict(
+                    store_uri=RunStore(cfg.run_root).uri, dirs=[c.dir for c in cells],
+                    analyzers=[analyzer_for(c.key["text_lang"])[0] for c in cells],
+                    settings=dict(store_raw=ic.bm25.store_raw,
+                                  store_docvectors=ic.bm25.store_docvectors,
+                                  threads=ic.bm25.threads), heap=ic.bm25.heap),
+                compute=actor_pool(p, key="index.parallel"), num_cpus=p.num_cpus)
         from xling.actors.embedder import M3Embedder
 
         d, p = ic.dense, ic.dense.parallel
@@ -288,79 +310,79 @@ def _contents(batch: pa.Table, *, fields: str) -> pa.Table:
 # building the Lucene index from the committed shards
 
 
+class LuceneSegments:
+    """Ray Data actor: contents rows -> a small Lucene index per (cell, shard) of each batch,
+    written to `{cell}/lucene/pieces/NNNNN/<uuid>/` in the run store (its marker last); the
+    rows come back without their text, naming their piece. Committed part files thus name
+    exactly the pieces to merge: those of a killed run are never named."""
+
+    def __init__(self, *, store_uri: str, dirs: list[str], analyzers: list[str],
+                 settings: dict, heap: str | None):
+        from xling.actors.lucene import start_jvm
+
+        start_jvm(heap)
+        self.store, self.dirs, self.analyzers, self.settings = (RunStore(store_uri), dirs,
+                                                                analyzers, settings)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        import uuid
+
+        from xling.actors.lucene import index_rows
+
+        cells, shards = batch[CELL].to_numpy(), batch[SHARD].to_numpy()
+        piece = [None] * batch.num_rows
+        for c, s in sorted({(int(c), int(s)) for c, s in zip(cells, shards)}):
+            rows = (cells == c) & (shards == s)
+            t = batch.filter(pa.array(rows))
+            ok = t.filter(pc.and_(pc.is_null(t["error"]), pc.is_valid(t["contents"])))
+            if ok.num_rows == 0:
+                continue
+            rel = f"{self.dirs[c]}/lucene/pieces/{s:05d}/{uuid.uuid4().hex}"
+            with _output_dir(self.store, rel) as out:
+                stats = index_rows(zip(ok["doc_id"].to_pylist(), ok["contents"].to_pylist()),
+                                   out, self.analyzers[c], **self.settings)
+                if stats["documents"] != ok.num_rows:
+                    raise RuntimeError(f"Lucene indexed {stats['documents']} of "
+                                       f"{ok.num_rows} documents")
+                _commit_dir(self.store, out, rel, {**stats, "built_at": now()})
+            okset = set(ok["doc_id"].to_pylist())
+            for i in np.flatnonzero(rows):
+                if batch["doc_id"][int(i)].as_py() in okset:
+                    piece[int(i)] = rel
+        return batch.drop_columns(["contents"]).append_column("lucene_piece",
+                                                              pa.array(piece, pa.string()))
+
+
 def build_lucene_index(store: RunStore, cell: Cell, analyzer: str, opts) -> dict:
-    """Index every committed shard in parallel (one Ray task each), then merge them."""
+    """Merge the Lucene pieces the committed shards name into the cell's index."""
     import ray
 
     done = store.read_json_or_none(f"{cell.dir}/{INDEX_DIR}/{LUCENE_MARKER}")
     if done:
         return {k: v for k, v in done.items() if k != "files"}
-    settings = dict(store_raw=opts.store_raw, store_docvectors=opts.store_docvectors,
-                    threads=opts.threads)
-    build = ray.remote(num_cpus=opts.threads)(_build_shard)
-    futures = [build.remote(store.uri, cell.dir, s, analyzer, settings, opts.heap)
-               for s in range(cell.n_shards)]
-    shards = ray.get(futures)
-    built = [s for s in shards if s["documents"]]
-    if not built:
+    parts = store.read_parquet(part_files(store, cell.dir), columns=["lucene_piece"])
+    pieces = sorted({p for p in parts["lucene_piece"].to_pylist() if p})
+    if not pieces:
         raise StageFailed(f"{cell.id}: no document could be indexed (every row is an error "
                           "row or empty); see the error column of its part files")
-    merge = ray.remote(num_cpus=1)(_merge_shards)
-    # When each shard was built: a resumed build shows which shards it did not redo.
-    built_at = {str(s["shard"]): s.get("built_at") for s in built}
-    return ray.get(merge.remote(store.uri, cell.dir, [s["shard"] for s in built], analyzer,
-                                opts.optimize, opts.heap, built_at))
+    merge = ray.remote(num_cpus=1)(_merge_pieces)
+    return ray.get(merge.remote(store.uri, cell.dir, pieces, analyzer, opts.optimize, opts.heap))
 
 
-def _shard_rel(cell_dir: str, shard: int) -> str:
-    return f"{cell_dir}/lucene/shards/{shard:05d}"
-
-
-def _build_shard(store_uri: str, cell_dir: str, shard: int, analyzer: str, settings: dict,
-                 heap: str | None) -> dict:
-    from xling.actors.lucene import index_rows, start_jvm
-
-    store = RunStore(store_uri)
-    rel = _shard_rel(cell_dir, shard)
-    marker = store.read_json_or_none(f"{rel}/{LUCENE_MARKER}")
-    if marker:
-        return {k: v for k, v in marker.items() if k != "files"}
-    table = store.read_parquet(f"{cell_dir}/part-{shard:05d}.parquet",
-                               columns=["doc_id", "contents", "error"])
-    ok = table.filter(pc.and_(pc.is_null(table["error"]), pc.is_valid(table["contents"])))
-    info = {"shard": shard, "documents": ok.num_rows, "analyzer": analyzer}
-    if ok.num_rows == 0:
-        store.write_json(f"{rel}/{LUCENE_MARKER}", {**info, "files": []})
-        return info
-    start_jvm(heap)
-    with _output_dir(store, rel) as out:
-        stats = index_rows(zip(ok["doc_id"].to_pylist(), ok["contents"].to_pylist()), out,
-                           analyzer, **settings)
-        if stats["documents"] != ok.num_rows:
-            raise RuntimeError(f"shard {shard}: Lucene indexed {stats['documents']} of "
-                               f"{ok.num_rows} documents")
-        marker = _commit_dir(store, out, rel, {**info, **stats, "built_at": now()})
-    delay = float(os.environ.get("XLING_FAULT_LUCENE_DELAY", "0") or 0)
-    if delay:
-        time.sleep(delay)  # fault-injection hook: a window to kill the build in (tests)
-    return {k: v for k, v in marker.items() if k != "files"}
-
-
-def _merge_shards(store_uri: str, cell_dir: str, shards: list[int], analyzer: str,
-                  optimize: bool, heap: str | None, built_at: dict) -> dict:
+def _merge_pieces(store_uri: str, cell_dir: str, pieces: list[str], analyzer: str,
+                  optimize: bool, heap: str | None) -> dict:
     from xling.actors.lucene import merge_indexes, start_jvm
 
     start_jvm(heap)
     store = RunStore(store_uri)
-    local = [store.fetch_tree(_shard_rel(cell_dir, s), LUCENE_MARKER) for s in shards]
+    local = [store.fetch_tree(p, LUCENE_MARKER) for p in pieces]
     rel = f"{cell_dir}/{INDEX_DIR}"
     with _output_dir(store, rel) as out:
         stats = merge_indexes(local, out, optimize=optimize)
-        marker = _commit_dir(store, out, rel, {"shards": shards, "analyzer": analyzer,
-                                               "shards_built_at": built_at, **stats})
-    # The merged index holds everything: drop the per-shard copies.
-    for s in shards:
-        store.delete_tree(_shard_rel(cell_dir, s))
+        marker = _commit_dir(store, out, rel, {"pieces": len(pieces), "analyzer": analyzer,
+                                               **stats, "built_at": now()})
+    # The merged index holds everything; pieces of killed runs were never named: drop all.
+    store.delete_tree(f"{cell_dir}/lucene/pieces")
     return {k: v for k, v in marker.items() if k != "files"}
 
 

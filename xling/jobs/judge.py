@@ -26,16 +26,14 @@ from pydantic import Field, model_validator
 from xling.core.config import NoHash, Strict
 from xling.core.llm import (
     LLMSpec,
+    LLMStage,
     SamplingSpec,
     check_model,
-    engine_group,
     engine_params,
     generate_pool,
-    num_gpus,
     sampling_of,
 )
-from xling.core.pools import pool_resources
-from xling.core.runner import CELL, RID, Cell, Stage, part_files, read_rows, require_done
+from xling.core.runner import CELL, RID, Cell, part_files, read_rows, require_done
 from xling.core.store import RunStore
 from xling.tasks.prompts import built_prompt_table
 
@@ -78,13 +76,13 @@ JUDGMENTS = pa.schema([
     ("error", pa.string())])
 
 
-class JudgeStage(Stage):
+class JudgeStage(LLMStage):
     """Judges the generations of `generation_cells(cfg)`; what a judge is asked about each
     generation comes from `judge_rows`. The study glue (jobs/study.py) provides both, so this
     stage knows no study."""
 
     name = "judge"
-    id_column = "item_id"
+    label_key = "judge"
 
     def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
         raise NotImplementedError("the judge stage judges a study's generations "
@@ -105,15 +103,8 @@ class JudgeStage(Stage):
                                   inputs=[g.dir], n_shards=jc.shards))
         return cells
 
-    def group(self, cell: Cell) -> str:
-        return engine_group(cell.params["model"])
-
-    def pool_key(self, cell: Cell, cfg: XlingConfig) -> str:
-        return ""  # map reads only cell params: grid points share the model's pool
-
-    def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
-        spec = next(s for s in cfg.judge.judges if s.label == cells[0].key["judge"])
-        return pool_resources(spec.parallel, num_gpus(spec))
+    def entries(self, cfg: XlingConfig) -> list:
+        return cfg.judge.judges
 
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         for i, spec in enumerate(cfg.judge.judges):
