@@ -24,6 +24,16 @@ def stream_rates(runner, wall: float) -> dict:
             "first_records": sum(s["first_records"] for s in streams)}
 
 
+def print_stats(runner) -> None:
+    """Where xling's time went, per Ray Data operator (set XLING_STREAM_STATS=1)."""
+    import re
+
+    for st in runner.streams:
+        for line in (st.get("stats") or "").splitlines():
+            if re.match(r"^(Operator|\* Remote wall time|\* Remote cpu time|\* Output num rows)", line.strip()):
+                print("   ", line.strip())
+
+
 def print_ratios(unit: str, bare_steady: float, bare_whole: float, x: dict,
                  bare_startup: float = 0.0) -> None:
     print(f"{'':22s} {'bare':>12s} {'xling':>12s} {'ratio':>7s}")

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import print_ratios, stream_rates
+from common import print_ratios, print_stats, stream_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,13 +102,17 @@ def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int,
     run_root = tempfile.mkdtemp(prefix="xling-bench-")
     cfg = validate_config({"name": "bench", "run_root": run_root, "ingest": {
         "tokenizer": tokenizer_dir, "shards": shards,
-        "parallel": {"concurrency": [concurrency, concurrency], "batch_size": batch_size},
+        # Half a core each, so that every actor starts beside the pipeline's read and write
+        # tasks on a small machine; each still runs on a core of its own when it works.
+        "parallel": {"concurrency": [concurrency, concurrency], "batch_size": batch_size,
+                     "num_cpus": 0.5},
         "corpora": [{"name": "bench", "format": "mrtydi", "path": str(path), "langs": ["en"]}]}})
     t0 = time.perf_counter()
     runner = Runner(RunStore(run_root), progress=False, log=lambda *_: None)
     runner.run(IngestStage(), cfg)
     wall = time.perf_counter() - t0
     ray.shutdown()
+    print_stats(runner)
     return stream_rates(runner, wall)
 
 

@@ -38,7 +38,7 @@ stages: [translate, index]
 translate:
   model: tiny:nllb_ct2
   beam_size: 1
-  lang_check: off
+  lang_check: "off"
   shards: {SHARDS}
   parallel: {{concurrency: [2, 2], batch_size: 8}}
   documents:

@@ -624,6 +624,8 @@ class Runner:
         collect(block=True)
         bar.close()
         stream["ended"] = time.time()
+        if os.environ.get("XLING_STREAM_STATS"):  # Ray Data's per-operator times (benchmarks)
+            stream["stats"] = meta.stats()
         self.streams.append(stream)
 
     def _read_pending(self, cells: list[Cell], todo: list[tuple[int, int]], inputs: dict):
@@ -639,8 +641,10 @@ class Runner:
             info = inputs[cells[i].id]
             shard_of_file = {self.store.fs_path(f): s for s in shards
                              for f in info["shards"][str(s)]["files"]}
+            # Reading a partition is I/O: a quarter CPU, so it never keeps a pool from starting.
             ds = ray.data.read_parquet(list(shard_of_file), filesystem=self.store.fs,
-                                       shuffle=None, include_paths=True)
+                                       shuffle=None, include_paths=True,
+                                       ray_remote_args={"num_cpus": 0.25})
             parts.append(ds.map_batches(
                 functools.partial(_tag_rows, cell=i, shard_of_file=shard_of_file,
                                   adapt=info.get("adapt")), batch_format="pyarrow"))
@@ -683,7 +687,7 @@ class Runner:
             "driver_bytes": self.driver_bytes.get(cell.id, 0),
             # The pipeline that processed this cell in this run (shared with its group):
             # the steady-state rate is (records - first_records) / (ended - first_output).
-            "stream": next(({k: v for k, v in st.items() if k != "cells"}
+            "stream": next(({k: v for k, v in st.items() if k not in ("cells", "stats")}
                             for st in self.streams if cell.id in st["cells"]), None),
             "timings": {"first_commit": min(m["committed_at"] for m in markers.values()),
                         "last_commit": max(m["committed_at"] for m in markers.values()),
