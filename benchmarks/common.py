@@ -1,27 +1,30 @@
 """What every benchmark reports, measured the same way on both sides.
 
-steady state  records after the first output / time after it: what a long job runs at once
-              pipelines, pools and models are up. For xling it is read off the runner's
-              streams (`Runner.streams`: when each pipeline's first output reached the
-              driver, with how many records, and when it ended); for the bare engine, off
-              its own batches. Neither side counts its first output, so the ratio cannot
-              read above 1 from start-up alone.
+steady state  what a long job runs at once pipelines, pools and models are up. For xling:
+              records / (the model operator's busy time / its actors), where busy time is
+              the time its actors spent inside their calls, summed (Ray Data's operator
+              stats, recorded by the runner in `Runner.streams` and the manifest's `stream`).
+              That is the pool's rate when it is never starved: it holds everything xling
+              does around the engine inside the actor, and nothing of start-up, so it can
+              only read above the bare engine's rate if the engine itself ran faster.
+              For the bare engine: records / engine time, load excluded.
 whole run     records / wall time, start-up included (and broken out).
 """
 
 from __future__ import annotations
 
 
-def stream_rates(runner, wall: float) -> dict:
-    """xling's rates from a Runner that ran one stage: whole run, steady state, start-up."""
-    streams = [s for s in runner.streams if s.get("first_output")]
-    records = sum(s["records"] for s in runner.streams)
-    after = sum(s["records"] - s["first_records"] for s in streams)
-    busy = sum(s["ended"] - s["first_output"] for s in streams)
-    startup = sum(s["first_output"] - s["started"] for s in streams)
+def stream_rates(runner_or_streams, wall: float, actor: str, actors: int) -> dict:
+    """xling's rates from the streams of one stage run (a Runner, or the manifest's
+    `stream` entries): whole run, steady state (see above), start-up (until the first
+    output reached the driver). `actor` names the model operator (its class name)."""
+    streams = getattr(runner_or_streams, "streams", runner_or_streams)
+    records = sum(s["records"] for s in streams)
+    busy = sum(t for s in streams for op, t in s.get("busy", {}).items() if actor in op)
+    startup = sum(s["first_output"] - s["started"] for s in streams if s.get("first_output"))
     return {"records": records, "whole": records / wall if wall else 0.0,
-            "steady": after / busy if busy > 0 else 0.0, "startup": startup,
-            "first_records": sum(s["first_records"] for s in streams)}
+            "steady": records / (busy / actors) if busy > 0 else 0.0, "startup": startup,
+            "busy": busy}
 
 
 def print_stats(runner) -> None:

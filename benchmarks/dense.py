@@ -106,7 +106,8 @@ def main() -> None:
                      "parallel": pool}})
     from xling.jobs.index import IndexStage
 
-    xe, xs, n_xling_hits = run_xling(cfg, IndexStage())
+    xe, xs, n_xling_hits = run_xling(cfg, IndexStage(), ("M3Embedder", args.actors),
+                                     ("StoreDenseSearcher", args.actors))
     # The bare calls have no first output to cut at: steady = whole, model load excluded.
     print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
     print("embedding")

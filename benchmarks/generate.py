@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import print_ratios
+from common import print_ratios, stream_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,18 +66,16 @@ def bare(args, texts: list[str]) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, seed=0)
     # Fed as xling's actor is fed: one generate() call per `batch_size` prompts.
     t0 = time.perf_counter()
-    tokens, first = 0, None
+    tokens = 0
     for lo in range(0, len(texts), args.batch_size):
         part = texts[lo:lo + args.batch_size]
         ids = [{"prompt_token_ids": chat_ids(tok, t)} for t in part]
         res = llm.generate(ids, params, use_tqdm=False)
         tokens += sum(len(r.outputs[0].token_ids) for r in res)
-        if first is None:
-            first = (time.perf_counter() - t0, len(part))
     wall = time.perf_counter() - t0
     n = len(texts)
     return {"load_s": load, "s": wall, "tokens": tokens, "whole": n / (wall + load),
-            "steady": (n - first[1]) / (wall - first[0]) if wall > first[0] else 0.0}
+            "steady": n / wall}
 
 
 def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
@@ -111,10 +109,7 @@ def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
     assert not errors, f"{len(errors)} benchmark prompts failed, e.g. {errors[0]}"
     st = store.read_json(f"{cell}/_manifest.json")["stream"]
     return {"s": seconds, "tokens": int(sum(x or 0 for x in t["n_output_tokens"].to_pylist())),
-            "rates": {"records": st["records"], "whole": st["records"] / seconds,
-                      "steady": (st["records"] - st["first_records"])
-                      / (st["ended"] - st["first_output"]),
-                      "startup": st["first_output"] - st["started"]}}
+            "rates": stream_rates([st], seconds, "StoreGenerator", 1)}
 
 
 def main() -> None:

@@ -76,7 +76,8 @@ def write_inputs(tmp: Path, docs: list[str], queries: list[str]) -> None:
     (tmp / "topics.tsv").write_text("".join(f"q{i}\t{t}\n" for i, t in enumerate(queries)))
 
 
-def run_xling(cfg, index_stage, **ray_init) -> tuple[dict, dict, int]:
+def run_xling(cfg, index_stage, index_actor: tuple[str, int], search_actor: tuple[str, int],
+              **ray_init) -> tuple[dict, dict, int]:
     """Run the `index` then the `retrieve` stage on a fresh local Ray: their rates
     (benchmarks/common.py), and the number of hits the retrieve cell committed."""
     import ray
@@ -93,11 +94,11 @@ def run_xling(cfg, index_stage, **ray_init) -> tuple[dict, dict, int]:
     runner = Runner(store, progress=False, log=lambda *_: None)
     t = time.perf_counter()
     runner.run(index_stage, cfg)
-    index = stream_rates(runner, time.perf_counter() - t)
+    index = stream_rates(runner, time.perf_counter() - t, *index_actor)
     runner = Runner(store, progress=False, log=lambda *_: None)
     t = time.perf_counter()
     runner.run(RetrieveStage(), cfg)
-    search = stream_rates(runner, time.perf_counter() - t)
+    search = stream_rates(runner, time.perf_counter() - t, *search_actor)
     [rcell] = store.list_dirs("retrieve")
     return index, search, store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]
 
@@ -147,7 +148,8 @@ def main() -> None:
         "index": {"engines": ["bm25"], "contents": "text", "shards": shards,
                   "collections": [{"name": "c", "format": "mrtydi",
                                    "path": str(tmp / "corpus.jsonl.gz"), "langs": ["el"]}],
-                  "parallel": {"batch_size": 4096, "num_cpus": 0.5}},
+                  "parallel": {"concurrency": [args.threads, args.threads],
+                               "batch_size": 4096, "num_cpus": 0.5}},
         "retrieve": {"depth": args.depth, "shards": 4 * args.threads,
                      "topics": [{"name": "q", "path": str(tmp / "topics.tsv"), "langs": ["el"],
                                  "doc_langs": ["el"]}],
@@ -169,7 +171,8 @@ def main() -> None:
             finally:
                 TimedIndexStage.lucene_s += time.perf_counter() - t
 
-    xi, xs, n_xling_hits = run_xling(cfg, TimedIndexStage(), num_cpus=args.threads)
+    xi, xs, n_xling_hits = run_xling(cfg, TimedIndexStage(), ("LuceneSegments", args.threads),
+                                     ("StoreBM25Searcher", 1), num_cpus=args.threads)
 
     # Greek ("el") has no Anserini analyzer: both sides used the standard analyzer. The bare
     # calls have no first output to cut at: their steady rate is their whole rate, JVM

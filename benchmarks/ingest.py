@@ -77,13 +77,9 @@ def bare(path: Path, tokenizer_dir: str, processes: int, batch_size: int) -> dic
     with mp.get_context("spawn").Pool(processes, initializer=_init,
                                       initargs=(tokenizer_dir,)) as pool:
         start = time.perf_counter() - t0
-        n, first = 0, None
-        for got in pool.imap_unordered(_work, batches):
-            n += got
-            if first is None:
-                first = (time.perf_counter() - t0, got)
+        n = sum(pool.imap_unordered(_work, batches))
     wall = time.perf_counter() - t0
-    return {"whole": n / wall, "steady": (n - first[1]) / (wall - first[0]), "startup": start}
+    return {"whole": n / wall, "steady": n / (wall - start), "startup": start}
 
 
 def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int,
@@ -113,7 +109,7 @@ def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int,
     wall = time.perf_counter() - t0
     ray.shutdown()
     print_stats(runner)
-    return stream_rates(runner, wall)
+    return stream_rates(runner, wall, "DocumentStats", concurrency)
 
 
 def main() -> None:

@@ -33,12 +33,17 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import logging
 import tempfile
 import time
 from pathlib import Path
 
 from common import print_ratios, stream_rates
+
+# Ray starts each actor with OMP_NUM_THREADS = its num_cpus (1); the bare engine gets the same
+# environment, or the two sides would run different thread pools under the same settings.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,7 +91,6 @@ def bare(model: str, sents: list[str], a) -> dict:
     sources = [["eng_Latn", *e.tokens, "</s>"]
                for e in tok.encode_batch(sents, add_special_tokens=False)]
     hyps: list = [None] * len(sources)
-    first = None  # (seconds, sentences) when the first call's batches were done
     for lo in range(0, len(sources), a.batch_size):
         window = list(range(lo, min(lo + a.batch_size, len(sources))))
         jobs = []
@@ -100,15 +104,13 @@ def bare(model: str, sents: list[str], a) -> dict:
         for ids, results in jobs:
             for i, r in zip(ids, results):
                 hyps[i] = [t for t in r.result().hypotheses[0][1:] if t != "</s>"]
-        if first is None:
-            first = (time.perf_counter() - t0, len(window))
     texts = [tok.decode([tok.token_to_id(t) for t in h if tok.token_to_id(t) is not None],
                         skip_special_tokens=True) for h in hyps]
     wall = time.perf_counter() - t0
     assert len(texts) == len(sents)
     return {"load": load, "wall": wall, "tgt_tokens": sum(len(h) for h in hyps),
             "lengths": [len(s) for s in sources],
-            "steady": (len(sents) - first[1]) / (wall - first[0]) if wall > first[0] else 0.0}
+            "steady": len(sents) / wall}
 
 
 def xling_stage(model: str, corpus: Path, a) -> dict:
@@ -136,7 +138,7 @@ def xling_stage(model: str, corpus: Path, a) -> dict:
     wall = time.perf_counter() - t0
     table = read_cell(RunStore(run_root), rep.cell.dir, columns=["n_tgt_tokens", "error"])
     assert rep.errors == 0, "benchmark sentences must all translate"
-    return {"wall": wall, "rows": rep.rows, "rates": stream_rates(runner, wall),
+    return {"wall": wall, "rows": rep.rows, "rates": stream_rates(runner, wall, "StoreTranslator", 1),
             "tgt_tokens": sum(n or 0 for n in table["n_tgt_tokens"].to_pylist())}
 
 

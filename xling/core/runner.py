@@ -624,6 +624,7 @@ class Runner:
         collect(block=True)
         bar.close()
         stream["ended"] = time.time()
+        stream["busy"] = _operator_busy(meta)
         if os.environ.get("XLING_STREAM_STATS"):  # Ray Data's per-operator times (benchmarks)
             stream["stats"] = meta.stats()
         self.streams.append(stream)
@@ -643,8 +644,7 @@ class Runner:
                              for f in info["shards"][str(s)]["files"]}
             # Reading a partition is I/O: a quarter CPU, so it never keeps a pool from starting.
             ds = ray.data.read_parquet(list(shard_of_file), filesystem=self.store.fs,
-                                       shuffle=None, include_paths=True,
-                                       ray_remote_args={"num_cpus": 0.25})
+                                       shuffle=None, include_paths=True, num_cpus=0.25)
             parts.append(ds.map_batches(
                 functools.partial(_tag_rows, cell=i, shard_of_file=shard_of_file,
                                   adapt=info.get("adapt")), batch_format="pyarrow"))
@@ -702,6 +702,21 @@ class Runner:
                  f"{store.url(d)}")
         ran = sum(m["run_id"] == self.run_id for m in markers.values())
         return CellReport(cell, "done", rows, errors, ran, cell.n_shards, time.time() - t0)
+
+
+def _operator_busy(ds) -> dict[str, float]:
+    """Seconds each operator of a finished pipeline spent in its tasks or actor calls (summed
+    over them): what a benchmark divides by to get an actor pool's steady rate."""
+    def ops(summary):  # each summary holds its last operators; the earlier ones are parents
+        yield from summary.operators_stats
+        for parent in summary.parents:
+            yield from ops(parent)
+
+    try:
+        return {op.operator_name: round(op.wall_time.sum, 3)
+                for op in ops(ds._get_stats_summary()) if op.wall_time}
+    except Exception:  # a private Ray Data API: an accounting aid, never a failure
+        return {}
 
 
 def _with_tasks(demand: dict) -> dict:

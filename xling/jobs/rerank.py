@@ -33,12 +33,13 @@ from xling.core.llm import (
     StoreLLM,
     actor_env,
     check_model,
+    engine_group,
     engine_params,
     engine_spec,
     num_gpus,
     sampling_of,
 )
-from xling.core.pools import actor_pool
+from xling.core.pools import actor_pool, pool_resources
 from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, read_cell
 from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
 from xling.core.store import RunStore
@@ -146,6 +147,15 @@ class RerankStage(Stage):
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         check_model(cfg.rerank.model, "rerank.model")
 
+    def group(self, cell: Cell) -> str:
+        return engine_group(cell.params["model"])
+
+    def pool_key(self, cell: Cell, cfg: XlingConfig) -> str:
+        return ""  # map reads the run settings from cell params
+
+    def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
+        return pool_resources(cfg.rerank.model.parallel, num_gpus(cfg.rerank.model))
+
     def read(self, cell: Cell, cfg: XlingConfig):
         import ray.data
 
@@ -193,12 +203,11 @@ class RerankStage(Stage):
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         rc = cfg.rerank
-        runs = {r.name: r for r in rc.runs}
-        calls = [{"method": runs[c.key["run"]].method, "depth": runs[c.key["run"]].depth,
-                  "window": runs[c.key["run"]].window, "step": runs[c.key["run"]].step,
-                  "passes": runs[c.key["run"]].passes,
-                  "doc_tokens": runs[c.key["run"]].doc_tokens, "system": c.key["run"],
-                  "sampling": c.params["sampling"],
+        # Per-cell settings come from the cell's params, so cells of a sweep's grid points
+        # (say doc_tokens 64/128/256) share this pool: the model is loaded once.
+        calls = [{**{k: c.params["method"][k] for k in ("method", "depth", "window", "step",
+                                                       "passes", "doc_tokens")},
+                  "system": c.key["run"], "sampling": c.params["sampling"],
                   "too_long": rc.model.too_long if rc.model.backend == "vllm" else None}
                  for c in cells]
         p = rc.model.parallel
