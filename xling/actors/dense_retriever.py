@@ -27,8 +27,15 @@ class DenseRetriever:
     """
 
     def __init__(self, embedder: dict, load, k: int = 100, merge: str = "score",
-                 max_open: int = 4):
+                 max_open: int = 4, threads: int | None = None):
         from xling.actors.embedder import M3Embedder
+
+        if threads:  # Ray gives an actor OMP_NUM_THREADS = its num_cpus; this overrides it
+            import faiss
+            import torch
+
+            faiss.omp_set_num_threads(threads)
+            torch.set_num_threads(threads)
 
         self.k, self.merge, self.load, self.max_open = k, merge, load, max_open
         self.embedder_kwargs = dict(embedder)

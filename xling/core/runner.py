@@ -257,7 +257,6 @@ class _Shard:
     pieces: list[str] = field(default_factory=list)
     seen: set = field(default_factory=set)
     started: float = field(default_factory=time.time)
-    rows: int = 0
 
 
 class Runner:
@@ -271,8 +270,8 @@ class Runner:
         self.driver_bytes: dict[str, int] = {}  # cell id -> metadata bytes the driver received
         self.concurrent_groups = 0  # the most groups that ran at once (for tests and logs)
         # Per processed group: when it started, when its first output reached the driver
-        # (with how many records), when it ended. Benchmarks read the steady-state rate off
-        # these: records after the first output / time after it.
+        # (with how many records), when it ended, and each operator's busy seconds, from
+        # which benchmarks read the steady-state rate.
         self.streams: list[dict] = []
 
     # ---- public --------------------------------------------------------------------
@@ -685,8 +684,8 @@ class Runner:
                        for s in sorted(markers)},
             "run_ids": sorted({m["run_id"] for m in markers.values()}),
             "driver_bytes": self.driver_bytes.get(cell.id, 0),
-            # The pipeline that processed this cell in this run (shared with its group):
-            # the steady-state rate is (records - first_records) / (ended - first_output).
+            # The pipeline that processed this cell in this run (shared with its group): its
+            # start, first output, end and each operator's busy seconds (benchmarks/common.py).
             "stream": next(({k: v for k, v in st.items() if k not in ("cells", "stats")}
                             for st in self.streams if cell.id in st["cells"]), None),
             "timings": {"first_commit": min(m["committed_at"] for m in markers.values()),

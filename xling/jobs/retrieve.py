@@ -111,7 +111,8 @@ class RetrieveConfig(Strict):
     fusion: list[FusionSpec] = []
     depth: int = Field(100, ge=1, le=10_000, description="hits kept per query")
     shards: int = NoHash(4, ge=1, le=100_000, description="query shards per cell")
-    threads: int = NoHash(1, ge=1, description="Lucene search threads per actor")
+    threads: int = NoHash(1, ge=1, description="search threads per actor: Lucene's "
+                                              "batch_search; FAISS and torch for dense runs")
     parallel: Parallelism = NoHash(Parallelism(batch_size=64))
 
     @model_validator(mode="after")
@@ -476,7 +477,8 @@ def dense_kwargs(cfg: XlingConfig) -> dict:
     d = cfg.index.dense
     return {"embedder": dict(model=resolve_model(d.model, key="index.dense.model"),
                              max_length=d.query_max_length, batch_size=d.encode_batch_size,
-                             use_fp16=d.fp16, device=None if d.device == "auto" else d.device)}
+                             use_fp16=d.fp16, device=None if d.device == "auto" else d.device),
+            "threads": cfg.retrieve.threads}
 
 
 class StoreDenseSearcher:
