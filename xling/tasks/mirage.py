@@ -1,0 +1,1048 @@
+"""MIRAGE-Bench: a multilingual RAG arena with a surrogate judge (Thakur et al., NAACL 2025,
+arXiv:2410.13716; data ``nthakur/mirage-bench``, ``-output``, ``-pairwise-judgments``).
+
+The pure part of the study: everything that is parsing, prompt text or arithmetic on model
+scores. Models (NLI, reranker, language id, LLMs) run elsewhere and hand their raw scores to
+the reductions here. Sources: the paper (``papers/mirage-bench.txt``, cited "P L<n>") wins
+over the specification (``specs/mirage-bench.md``, cited "s<n>"), which documents the
+research code ("dump") that produced the published numbers.
+
+What is here
+------------
+* Loaders for the three hub layouts, from a local path or ``s3://`` (pyarrow.fs):
+  :func:`load_queries` (``query_id, prompt, positive_ids, negative_ids``; query and passages
+  are parsed out of ``prompt``, s1.3), :func:`load_outputs` (``outputs`` list of
+  ``{model, output}`` plus one ``{model: value}`` struct column per feature, either name set),
+  :func:`load_judgments` (``query_id, model_A, model_B, verdict`` [+ ``judge, output``]).
+* The RAG prompt (:func:`build_rag_prompt`, :func:`rebuild_prompt`; Figure 10) and the
+  ``##Reason: … ##Answer: …`` parser with ``[docid]``, ``[a, b]``, ``[a,b]`` citations.
+* The eleven features (s3): citation MAP@10 / Recall@10 (trec_eval conventions through
+  ``tasks/irmetrics.py``), BLEU (sacrebleu), ROUGE-L (:func:`rouge_l`), and the reductions
+  of given model scores: language-id probabilities, NLI probabilities, reranker logits,
+  pointwise LLM scores (with their prompts).
+* The arena: pair prompts (:func:`pair_prompts`), the verdict parser, Bradley–Terry
+  (:func:`bt_fit`, choix), bootstrap tournaments, the random-forest surrogate, Kendall tau,
+  R², and the paper's Tables 2, 3, 4, 5 and 7/8 as DataFrames (:func:`tables`).
+
+Options (:class:`Options`)
+--------------------------
+Every place where the research code differs from a sound choice (s8.8) is a named option
+whose ``"reference"`` value reproduces the published numbers and whose ``"fixed"`` value is
+the default (``Options.reference()`` sets all of them):
+
+==================  ====================================================  ===========================
+option              reference (dump scripts)                               fixed (default)
+==================  ====================================================  ===========================
+answer_parts        ``Reason(.*?)Answer:`` / ``Answer:(.*?)$``, first      ``##Reason:``/``##Answer:``
+                    paragraph, every ``##`` and ``:`` removed              markers, whole parts
+comma_citations     ``[a, b]`` split on "," unstripped (only ``a`` kept)  split and strip
+citation_ranking    duplicates kept, an id scores at its last occurrence  first occurrence, dedup
+citation_scope      first paragraphs of reason and answer                 the whole output
+en_detection        P(en) goes to target_language only for en queries     P(en) always
+nli_rounding        each probability rounded to 1 decimal                 full precision
+overlap_label       the last model of the query's ``outputs`` list        ``reference_model``
+llm_parse_failure   0, averaged like a score                              None (missing), counted
+pairwise_parse      ``[[A]]/[[B]]/[[C]]`` in the last 25 characters        the last such token
+seeds               random forest unseeded                                ``random_state``
+kendall_tau         tau of the two ``argsort`` orders                     tau-b on aligned scores
+==================  ====================================================  ===========================
+
+Not options, because no reference behaviour can be reproduced or none differs: the bootstrap
+is always seeded (``numpy.random.default_rng(bootstrap_seed)`` over the *sorted* judged query
+ids; the reference was unseeded, so its draws cannot be replayed), BT falls back from ILSR to
+``opt_pairwise`` as the reference does and flags the tournament (``bt_alpha`` adds choix's L2
+penalty), ties and unparsed verdicts never enter the BT fit (as in the reference) but are
+counted. The pairwise judge wording is ``pairwise_prompt``: ``reference`` (the dump text, the
+default because it produced the judgments) or ``paper`` (Figure 13).
+
+Deviations we chose
+-------------------
+* ROUGE-L: the reference used XL-Sum's multilingual fork (Snowball stemmers for 9 languages,
+  jieba / fugashi / pythainlp segmenters), which needs data files that are not installable
+  offline (s3.6). :func:`rouge_l` keeps that fork's normalisation (lowercase, Unicode
+  punctuation removed, whitespace split) without stemming, and scores zh, ja and th by
+  characters, as they are written without spaces.
+* Passages are not re-truncated to 800 tokens (P L166): the published prompts already are.
+* Table 2's tau is computed over all models on score vectors (s6.3, no code published).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from xling.tasks import irmetrics
+from xling.tasks.languages import get_language
+
+LANGS = ("ar", "bn", "de", "en", "es", "fa", "fi", "fr", "hi", "id", "ja", "ko", "ru", "sw",
+         "te", "th", "yo", "zh")
+# The 19 arena models as the data names them (s1.3; order = the reference's index order).
+MODELS = ("gpt-3.5-turbo-azure", "gpt-4-azure", "gpt-4o-azure",
+          "mistralai/Mistral-7B-Instruct-v0.2", "mistralai/Mistral-7B-Instruct-v0.3",
+          "mistralai/Mixtral-8x7B-Instruct-v0.1", "mistralai/Mixtral-8x22B-Instruct-v0.1",
+          "cohereforai-c4ai-command-r", "cohereforai-c4ai-command-r-plus",
+          "cohereforai-c4ai-aya-23", "google/gemma-1.1-2b-it", "google/gemma-1.1-7b-it",
+          "meta-llama/Meta-Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3-70B-Instruct",
+          "microsoft/Phi-3-mini-128k-instruct", "microsoft/Phi-3-small-8k-instruct",
+          "microsoft/Phi-3-medium-128k-instruct", "Qwen/Qwen2-1.5B-Instruct",
+          "Qwen/Qwen2-7B-Instruct")
+HELD_OUT = ("google/gemma-1.1-2b-it", "meta-llama/Meta-Llama-3-70B-Instruct")  # P L130
+REFERENCE_MODEL = "gpt-4-azure"  # the "gold" answer of the overlap features (P L102)
+FEATURES = ("target_language", "english_language", "citation_MAP@10", "citation_Recall@10",
+            "support_entailment", "support_neutral", "reranker_score", "answer_bleu",
+            "answer_rougeL", "answer_overlap_score", "fluency_score")
+# The research code's column names (s1.3) -> the released names; both occur on the hub.
+FEATURE_ALIASES = {
+    "language_detection": "target_language", "en_detection": "english_language",
+    "xlni_context_entailment": "support_entailment", "xlni_context_neutral": "support_neutral",
+    "xlni_context_contradiction": "support_contradiction",
+    "bge-reranker-v2-m3-score": "reranker_score",
+    "Meta-Llama-3-8B-Instruct-answer-eval": "answer_overlap_score",
+    "Meta-Llama-3-8B-Instruct-fluency": "fluency_score", "other_detection": "other_language"}
+LLM_FEATURES = ("answer_overlap_score", "fluency_score")
+# Table 4's feature sets (P L220-225): "low correlation" = language detection and support.
+FEATURE_SETS = {
+    "all": FEATURES,
+    "w/o LLM judge": tuple(f for f in FEATURES if f not in LLM_FEATURES),
+    "w/o low correlation": tuple(f for f in FEATURES if f not in (
+        "target_language", "english_language", "support_entailment", "support_neutral")),
+    "only LLM judge": LLM_FEATURES}
+ABLATION_LANGS = ("ar", "bn", "fi", "ja", "ko", "ru", "te")  # Tables 3 and 4
+REGRESSORS = ("random_forest", "linear", "mlp", "xgboost", "svr")  # Table 3's rows
+PROMPTS: dict[str, str] = {}  # filled from mirage_prompts.yaml below
+
+_COMPAT = ("answer_parts", "comma_citations", "citation_ranking", "citation_scope",
+           "en_detection", "nli_rounding", "overlap_label", "llm_parse_failure",
+           "pairwise_parse", "seeds", "kendall_tau")
+
+
+@dataclass(frozen=True)
+class Options:
+    """The study's knobs; the ``_COMPAT`` fields take ``"fixed"`` or ``"reference"``."""
+
+    answer_parts: str = "fixed"
+    comma_citations: str = "fixed"
+    citation_ranking: str = "fixed"
+    citation_scope: str = "fixed"
+    en_detection: str = "fixed"
+    nli_rounding: str = "fixed"
+    overlap_label: str = "fixed"
+    llm_parse_failure: str = "fixed"
+    pairwise_parse: str = "fixed"
+    seeds: str = "fixed"
+    kendall_tau: str = "fixed"
+    pairwise_prompt: str = "reference"   # reference (dump text) | paper (Figure 13)
+    instruction: str = "published"       # published | paper | api_scripts (s2.2)
+    reference_model: str = REFERENCE_MODEL
+    judge_queries: int = 100             # P L39
+    judge_seed: int = 42
+    tournaments: int = 200               # P L190
+    matches: int = 100
+    bootstrap_seed: int = 0
+    bt_alpha: float = 0.0
+    held_out: tuple[str, ...] = HELD_OUT
+    features: tuple[str, ...] = FEATURES
+    surrogate: str = "random_forest"
+    random_state: int = 0
+
+    def __post_init__(self):
+        for name in _COMPAT:
+            if getattr(self, name) not in ("fixed", "reference"):
+                raise ValueError(f"study.options.{name}: {getattr(self, name)!r} is not "
+                                 "'fixed' or 'reference'")
+        for name, allowed in (("pairwise_prompt", ("reference", "paper")),
+                              ("instruction", ("published", "paper", "api_scripts")),
+                              ("surrogate", REGRESSORS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"study.options.{name}: {getattr(self, name)!r}; use one of "
+                                 f"{', '.join(allowed)}")
+        unknown = set(self.features) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"study.options.features: unknown {sorted(unknown)}; use {FEATURES}")
+
+    @classmethod
+    def reference(cls, **overrides) -> Options:
+        """Every compat item at its reference value (to reproduce the published numbers)."""
+        return replace(cls(**{n: "reference" for n in _COMPAT}), **overrides)
+
+    def ref(self, name: str) -> bool:
+        return getattr(self, name) == "reference"
+
+    @property
+    def rf_state(self) -> int | None:
+        return None if self.ref("seeds") else self.random_state
+
+
+def _load_prompts() -> dict[str, str]:
+    import yaml  # PyYAML is a dependency of the config layer already
+    return yaml.safe_load((Path(__file__).with_name("mirage_prompts.yaml")).read_text("utf-8"))
+
+
+PROMPTS.update(_load_prompts())
+
+
+def fill(template: str, values: Mapping[str, str]) -> str:
+    """Return a new string with each placeholder replaced (never ``str.format``: templates
+    hold literal braces). A placeholder missing from the template is an error: that is the
+    symptom of the released evaluator's bug (s4.5), which overwrote its template with the
+    first filled prompt, so every later prompt was the first one."""
+    out = template
+    for key, value in values.items():
+        if key not in template:
+            raise ValueError(f"placeholder {key!r} not in the template; a template must be "
+                             "filled from the constant, never from a filled prompt")
+        out = out.replace(key, value)
+    return out
+
+
+def language_name(lang: str) -> str:
+    """English name injected into prompts ("Persian" for fa; s1.2)."""
+    return get_language(lang).name
+
+
+# --------------------------------------------------------------------------------------
+# The RAG prompt: building and parsing (Figure 10, s1.3)
+# --------------------------------------------------------------------------------------
+
+_PASSAGE_START = re.compile(r'^"?\[([^\]\n]+)\]"?[ \t]?', re.M)
+
+
+def build_rag_prompt(query: str, passages: Sequence[tuple[str, str]], lang: str,
+                     instruction: str = "paper") -> str:
+    """Figure 10's layout (P L570-585): passages are ``(docid, "title - text")`` pairs in
+    prompt order. The quotes Figure 10 prints around ``[docid]`` are taken as a rendering
+    artefact (the code splits on bare ``[docid]``, s2.1)."""
+    contexts = "\n".join(f"[{d}] {t}" for d, t in passages)
+    head = f"Question:\n{query}\n\nContexts:\n{contexts}\n\n"
+    return head + _instruction(lang, instruction)
+
+
+def _instruction(lang: str, which: str) -> str:
+    if which == "api_scripts":
+        return fill(PROMPTS["rag_instruction_api_scripts"], {"{language}": language_name(lang)})
+    return "Instruction:\n" + fill(PROMPTS["rag_instruction_paper"],
+                                   {"{{language}}": language_name(lang)})
+
+
+def rebuild_prompt(prompt: str, lang: str, instruction: str = "published") -> str:
+    """The published prompt (``published``) or its text before the first ``Instruction:``
+    followed by another instruction, as the API scripts did (s2.2)."""
+    if instruction == "published":
+        return prompt
+    i = prompt.find("Instruction:")
+    if i < 0:
+        raise ValueError("prompt has no 'Instruction:' to replace")
+    return prompt[:i] + _instruction(lang, instruction)
+
+
+def parse_prompt(prompt: str) -> dict:
+    """Query, passages ``[(docid, text)]`` and the raw Contexts block out of a published
+    prompt. Two rules (s1.3) must agree, else ``error`` is set: the released code's (query up
+    to ``\\n\\nContexts:``, passages cut at each line-initial ``[docid]``, so a passage may
+    span lines) and the research code's (query up to the first blank line, one passage per
+    line)."""
+    out = {"query": "", "passages": [], "contexts": "", "error": None}
+    q = prompt.find("Question:")
+    c = prompt.find("\n\nContexts:", q + 1)
+    if q < 0 or c < 0:
+        out["error"] = "prompt: no 'Question:' ... 'Contexts:'"
+        return out
+    out["query"] = prompt[q + len("Question:"):c].strip()
+    dump_query = prompt[q + len("Question:"):].strip().split("\n\n")[0].strip()
+    end = prompt.find("\n\nInstruction", c)
+    block = prompt[c + len("\n\nContexts:"):end if end >= 0 else len(prompt)].strip("\n")
+    out["contexts"] = block.strip()
+    starts = list(_PASSAGE_START.finditer(block))
+    out["passages"] = [(m.group(1).strip(), block[m.end():(starts[i + 1].start() if i + 1 < len(
+        starts) else len(block))].strip()) for i, m in enumerate(starts)]
+    dump = [(ln.split("]")[0].replace("[", "").strip('"').strip(),
+             ln.split("]", 1)[1].lstrip('"').strip()) for ln in block.split("\n")
+            if ln.strip() and "]" in ln]
+    if dump_query != out["query"] or dump != out["passages"]:
+        out["error"] = "prompt: the released and the research parsing rules disagree"
+    if end < 0:
+        out["error"] = "prompt: no 'Instruction' after the contexts"
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Answers and citations (s1.4, s3.1, s3.3)
+# --------------------------------------------------------------------------------------
+
+_REF_REASON = re.compile(r"Reason(.*?)Answer:", re.S)
+_REF_ANSWER = re.compile(r"Answer:(.*?)$", re.S)
+_FIX_REASON = re.compile(r"#+\s*Reason\s*:?(.*?)(?=#+\s*Answer\b|\Z)", re.S | re.I)
+_FIX_ANSWER = re.compile(r"#+\s*Answer\s*:?(.*)\Z", re.S | re.I)
+_BRACKET = re.compile(r"\[[^\]]*\]")
+
+
+def answer_parts(text: str, opts: Options = Options()) -> tuple[str, str, bool]:
+    """``(reason, answer, format_ok)`` before per-feature cleaning. Reference: the dump's
+    regexes (a missing part is ``""``; the dump crashed or left it unbound, s3.1)."""
+    text = text or ""
+    rx = (_REF_REASON, _REF_ANSWER) if opts.ref("answer_parts") else (_FIX_REASON, _FIX_ANSWER)
+    r, a = (x.search(text) for x in rx)
+    return (r.group(1).strip() if r else "", a.group(1).strip() if a else "", bool(r and a))
+
+
+def _para(s: str) -> str:
+    return s.strip().split("\n\n")[0].strip()
+
+
+def _unhash(s: str) -> str:
+    # the dump removes every "##" and every ":" ("10:30" -> "1030"; s3.1)
+    return s.replace("##", "").replace(":", "").strip()
+
+
+def parse_rag_answer(text: str, opts: Options = Options()) -> dict:
+    """The generations parser: ``reason``, ``answer``, ``citations`` (every bracketed id in
+    order of first appearance, unvalidated) and ``format_ok``. Never fails: an unformatted
+    answer is data and scores low."""
+    reason, answer, ok = answer_parts(text, opts)
+    if opts.ref("answer_parts"):
+        reason, answer = _unhash(_para(reason)), _unhash(_para(answer))
+    ids = [i.strip() for g in _BRACKET.findall(text or "") for i in g[1:-1].split(",")]
+    return {"reason": reason, "answer": answer, "format_ok": ok,
+            "citations": list(dict.fromkeys(i for i in ids if i))}
+
+
+def bracket_ids(text: str, valid: Iterable[str], opts: Options = Options()) -> list[str]:
+    """Valid docids of every ``[...]`` group in order, duplicates kept. Reference: a group
+    with a comma is split on "," without stripping, so ``[a, b]`` keeps only ``a``."""
+    valid = set(valid)
+    out = []
+    for g in _BRACKET.findall(text or ""):
+        inner = g[1:-1]
+        items = inner.split(",") if "," in inner else [inner]
+        if not opts.ref("comma_citations"):
+            items = [i.strip() for i in items]
+        out += [i for i in items if i in valid]
+    return out
+
+
+def cited_ids(output: str, qrels: Mapping[str, int], opts: Options = Options()) -> list[str]:
+    """The citations scored by MAP/Recall, in rank order. Reference: the first paragraph
+    of the reason, then of the answer, duplicates kept (s3.3)."""
+    if opts.ref("citation_scope"):
+        reason, answer, _ = answer_parts(output, replace(opts, answer_parts="reference"))
+        ids = bracket_ids(_para(reason), qrels, opts) + bracket_ids(_para(answer), qrels, opts)
+    else:
+        ids = bracket_ids(output, qrels, opts)
+    return ids if opts.ref("citation_ranking") else list(dict.fromkeys(ids))
+
+
+def citation_run(ids: Sequence[str]) -> dict[str, float]:
+    """Scores ``len - position``: in a dict a repeated id keeps its *last* score (s3.3)."""
+    run: dict[str, float] = {}
+    for i, d in enumerate(ids):
+        run[d] = float(len(ids) - i)
+    return run
+
+
+def citation_scores(output: str, qrels: Mapping[str, int], opts: Options = Options()
+                    ) -> dict[str, float]:
+    """``citation_MAP@10`` (trec_eval ``map_cut_10``) and ``citation_Recall@10``; 0.0 for an
+    answer that cites nothing, as pytrec_eval gives for an empty ranking."""
+    run = citation_run(cited_ids(output, qrels, opts))
+    m = irmetrics.evaluate({"q": run}, {"q": dict(qrels)}, ("map_cut_10", "recall_10"))["q"]
+    return {"citation_MAP@10": m["map_cut_10"], "citation_Recall@10": m["recall_10"]}
+
+
+# --------------------------------------------------------------------------------------
+# Lexical overlap (s3.6)
+# --------------------------------------------------------------------------------------
+
+def overlap_answer(output: str, opts: Options = Options()) -> str:
+    """The answer BLEU/ROUGE compare: citations removed (reference: first paragraph)."""
+    answer = answer_parts(output, opts)[1]
+    if opts.ref("answer_parts"):
+        answer = _para(answer)
+    return " ".join(_BRACKET.sub("", answer).split())
+
+
+def bleu(hypothesis: str, reference: str) -> float:
+    """Sentence BLEU as HF ``evaluate``'s sacrebleu gave it (corpus_bleu of one pair,
+    tokenizer 13a, exp smoothing), divided by 100."""
+    import sacrebleu
+    return sacrebleu.corpus_bleu([hypothesis], [[reference]]).score / 100.0
+
+
+_CHAR_LANGS = frozenset({"zh", "ja", "th"})  # written without spaces between words
+
+
+def _is_punct(ch: str) -> bool:
+    cp = ord(ch)  # XL-Sum's rule: ASCII non-alphanumerics and Unicode P* are punctuation
+    return (33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
+            or unicodedata.category(ch).startswith("P"))
+
+
+def rouge_tokens(text: str, lang: str) -> list[str]:
+    """XL-Sum's normalisation: lowercase, control characters dropped, punctuation splits
+    and is dropped; characters for zh/ja/th, whitespace words otherwise."""
+    text = "".join(" " if ch.isspace() or _is_punct(ch) else ch for ch in (text or "").lower()
+                   if not (unicodedata.category(ch).startswith("C") and not ch.isspace()))
+    if lang in _CHAR_LANGS:
+        return [ch for ch in text if not ch.isspace()]
+    return text.split()
+
+
+def _lcs(a: Sequence[str], b: Sequence[str]) -> int:
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def rouge_l(hypothesis: str, reference: str, lang: str) -> float:
+    """ROUGE-L F1 (symmetric, so the argument order does not matter)."""
+    h, r = rouge_tokens(hypothesis, lang), rouge_tokens(reference, lang)
+    if not h or not r:
+        return 0.0
+    lcs = _lcs(h, r)
+    if lcs == 0:
+        return 0.0
+    p, rec = lcs / len(h), lcs / len(r)
+    return 2 * p * rec / (p + rec)
+
+
+def lexical_features(items: Sequence[Mapping], generations: pd.DataFrame,
+                     opts: Options = Options()) -> pd.DataFrame:
+    """Features 3, 4, 8, 9 for every generation: long rows ``query_id, model, feature,
+    value`` (null when the reference model has no answer to compare with)."""
+    by_q = {it["query_id"]: it for it in items}
+    ref = {q: o for q, m, o in generations[["query_id", "model", "output"]].itertuples(
+        index=False) if m == opts.reference_model}
+    rows = []
+    for q, m, out in generations[["query_id", "model", "output"]].itertuples(index=False):
+        it = by_q.get(q)
+        if it is None:
+            continue
+        vals = citation_scores(out, it["qrels"], opts)
+        label = overlap_answer(ref[q], opts) if q in ref else None
+        hyp = overlap_answer(out, opts)
+        vals["answer_bleu"] = None if label is None else bleu(hyp, label)
+        vals["answer_rougeL"] = None if label is None else rouge_l(hyp, label, it["lang"])
+        rows += [{"query_id": q, "model": m, "feature": k, "value": v} for k, v in vals.items()]
+    return pd.DataFrame(rows, columns=["query_id", "model", "feature", "value"])
+
+
+# --------------------------------------------------------------------------------------
+# Model-scored features: inputs for the scorers, reductions of their scores (s3.2-3.8)
+# --------------------------------------------------------------------------------------
+
+def langid_text(output: str, docids: Iterable[str]) -> str:
+    """Detector input (s3.2): docids, ``##Reason:``, ``##Answer:``, brackets removed,
+    whitespace collapsed."""
+    text = output or ""
+    for d in sorted(docids, key=len, reverse=True):  # longest first: "1#2" inside "1#23"
+        text = text.replace(d, "")
+    for s in ("##Reason:", "##Answer:", "[", "]"):
+        text = text.replace(s, "")
+    return " ".join(text.split())
+
+
+def language_features(probs: Mapping[str, float], lang: str, opts: Options = Options()
+                      ) -> dict[str, float]:
+    """From a detector's ``{code: probability}`` (langdetect's ``zh-cn`` read as zh; a code
+    not listed has probability 0). Reference: for English queries ``english_language`` is
+    always 0 (the dump's ``if target … elif en``)."""
+    p = {("zh" if k.lower() == "zh-cn" else k.lower()): float(v) for k, v in probs.items()}
+    target, en = p.get(lang, 0.0), p.get("en", 0.0)
+    if lang == "en" and opts.ref("en_detection"):
+        en = 0.0
+    return {"target_language": target, "english_language": en}
+
+
+def _sentences(lang: str, text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.!?。！？।])\s+", text) if s.strip()]
+
+
+def support_pairs(output: str, passages: Mapping[str, str], lang: str,
+                  opts: Options = Options(),
+                  segment: Callable[[str, str], list[str]] = _sentences) -> list[dict]:
+    """NLI inputs (s3.4): for each reason sentence with valid citations, one pair per cited
+    passage, ``premise`` = passage, ``hypothesis`` = the sentence without its brackets.
+    ``segment(lang, text)`` is the sentence splitter (the reference: Stanza, else
+    sentencex); reference: the reason's first paragraph only."""
+    reason = answer_parts(output, opts)[0]
+    if opts.ref("answer_parts"):
+        reason = _para(reason)
+    pairs = []
+    for sentence in segment(lang, reason):
+        ids = list(dict.fromkeys(bracket_ids(sentence, passages, opts)))
+        hyp = " ".join(_BRACKET.sub("", sentence).split())
+        pairs += [{"docid": d, "premise": passages[d], "hypothesis": hyp} for d in ids]
+    return pairs
+
+
+def support_features(probs: Sequence[Sequence[float]], opts: Options = Options()
+                     ) -> dict[str, float | None]:
+    """Mean entailment / neutral / contradiction over a generation's (sentence, citation)
+    pairs; each row ``(entailment, neutral, contradiction)``. None without pairs.
+    Reference: each probability first rounded to 1 decimal (Python ``round``)."""
+    keys = ("support_entailment", "support_neutral", "support_contradiction")
+    if not len(probs):
+        return dict.fromkeys(keys)
+    rows = [[round(float(x), 1) if opts.ref("nli_rounding") else float(x) for x in r]
+            for r in probs]
+    return {k: math.fsum(r[i] for r in rows) / len(rows) for i, k in enumerate(keys)}
+
+
+def reranker_pairs(output: str, query: str, passages: Mapping[str, str],
+                   opts: Options = Options()) -> list[dict]:
+    """Cross-encoder inputs (s3.5): each valid cited passage of the whole output once."""
+    ids = dict.fromkeys(bracket_ids(output, passages, opts))
+    return [{"docid": d, "query": query, "passage": passages[d]} for d in ids]
+
+
+def reranker_feature(logits: Sequence[float]) -> float | None:
+    """Mean raw logit over the cited passages; None when nothing is cited."""
+    return math.fsum(map(float, logits)) / len(logits) if len(logits) else None
+
+
+def overlap_label(outputs: Sequence[tuple[str, str]], opts: Options = Options()) -> str | None:
+    """The "Label" answer of feature 10 from a query's ``[(model, output)]`` in stored
+    order. Reference: the *last* model's (the dump's overwrite bug, s3.7)."""
+    if not outputs:
+        return None
+    if opts.ref("overlap_label"):
+        return outputs[-1][1]
+    return dict(outputs).get(opts.reference_model)
+
+
+def _llm_answer(output: str) -> str:
+    # s3.7: the dump's answer for the pointwise judges (first paragraph, ## and : removed)
+    return _unhash(_para(answer_parts(output, Options.reference())[1]))
+
+
+def judge_answer(output: str, opts: Options = Options()) -> str:
+    """``Context: {reason} Answer: {answer}``, the answer text the pairwise and fluency
+    judges see (s4.2). Reference: ``##``/``:`` removed, answer's first paragraph."""
+    reason, answer, _ = answer_parts(output, opts)
+    if opts.ref("answer_parts"):
+        reason, answer = _unhash(reason), _unhash(_para(answer))
+    return f"Context: {reason} Answer: {answer}"
+
+
+def answer_overlap_prompt(query: str, response: str, label: str, lang: str,
+                          wording: str = "reference") -> str:
+    """Feature 10's pointwise prompt (s3.7; ``paper`` = Figure 11)."""
+    return fill(PROMPTS[f"answer_overlap_{wording}"], {
+        "{{language}}": language_name(lang), "{{Question}}": query,
+        "{{Label}}": _llm_answer(label), "{{Response}}": _llm_answer(response)})
+
+
+def fluency_prompt(query: str, contexts: str, output: str, lang: str,
+                   wording: str = "reference") -> str:
+    """Feature 11's pointwise prompt (s3.8; ``paper`` = Figure 12)."""
+    return fill(PROMPTS[f"fluency_{wording}"], {
+        "{{language}}": language_name(lang), "{{Question}}": query,
+        "{{Documents}}": contexts, "{{Summary}}": judge_answer(output, Options.reference())})
+
+
+def _to_int(s: str) -> int | None:
+    try:
+        return int(s.strip())
+    except ValueError:
+        return None
+
+
+def parse_llm_score(text: str, kind: str, opts: Options = Options()) -> int | None:
+    """``kind="score"`` (feature 10: ``Score: [[4]] Justification:``) or ``"rating"``
+    (feature 11: ``##Rating: 4 ##Explanation:``). Reference: the dump's regex or 0 (s3.7,
+    3.8); fixed: also ``[[n]]`` / a bare digit after the label, else None."""
+    text = text or ""
+    if kind == "score":
+        m = re.search(r"Score:(.*?)Justification:", text, re.S)
+        v = _to_int(m.group(1).replace("[", "").replace("]", "")) if m else None
+        if v is None and not opts.ref("llm_parse_failure"):
+            m = re.search(r"\[\[\s*([1-5])\s*\]\]", text)
+            v = int(m.group(1)) if m else None
+    else:
+        m = re.search(r"Rating(.*?)Explanation:", text, re.S)
+        v = _to_int(m.group(1).replace(":", "").replace("#", "")) if m else None
+        if v is None and not opts.ref("llm_parse_failure"):
+            m = re.search(r"Rating\W*([1-5])\b", text)
+            v = int(m.group(1)) if m else None
+    return (0 if v is None else v) if opts.ref("llm_parse_failure") else v
+
+
+# --------------------------------------------------------------------------------------
+# Pairwise judge: prompts and verdicts (s4)
+# --------------------------------------------------------------------------------------
+
+def pair_prompt(query: str, passages: Sequence[tuple[str, str]], answer_a: str, answer_b: str,
+                wording: str = "reference") -> str:
+    """One judge prompt, filled from the template constant (s4.2: documents as
+    ``[docid]: text`` lines, answers as :func:`judge_answer` gives them)."""
+    docs = "\n".join(f"[{d}]: {t}" for d, t in passages)
+    b = "{{%s}}" if wording == "paper" else "{%s}"
+    return fill(PROMPTS[f"pairwise_{wording}"], {b % "query": query, b % "documents": docs,
+                                                 b % "answer_a": answer_a,
+                                                 b % "answer_b": answer_b})
+
+
+def judged_queries(query_ids: Iterable[str], n: int, seed: int) -> list[str]:
+    """The judged subset: ``n`` of the *sorted* ids without replacement, seeded (the
+    reference used Python's ``random``; ids sorted so the draw is process-independent)."""
+    ids = sorted(set(query_ids))
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(ids), size=min(n, len(ids)), replace=False)
+    return [ids[i] for i in sorted(pick)]
+
+
+def pair_prompts(items: Sequence[Mapping], outputs: Mapping[str, Mapping[str, str]],
+                 models: Sequence[str], opts: Options = Options()) -> list[dict]:
+    """Every pair of the models that answered, on the seeded query subset; per query the
+    models are shuffled and each pair's presentation order is a coin flip (P L114, s4.3).
+    ``outputs`` is ``{query_id: {model: output}}``."""
+    by_q = {it["query_id"]: it for it in items}
+    answered = [q for q in by_q if outputs.get(q)]
+    rng = np.random.default_rng(opts.judge_seed + 1)  # order draws apart from the subset draw
+    rows = []
+    for q in judged_queries(answered, opts.judge_queries, opts.judge_seed):
+        it, outs = by_q[q], outputs[q]
+        present = [m for m in models if m in outs]
+        present = [present[i] for i in rng.permutation(len(present))]
+        for a, b in combinations(present, 2):
+            if rng.random() < 0.5:
+                a, b = b, a
+            prompt = pair_prompt(it["query"], it["passages"], judge_answer(outs[a], opts),
+                                 judge_answer(outs[b], opts), opts.pairwise_prompt)
+            rows.append({"item_id": f"{q}|{a}|{b}", "query_id": q, "lang": it.get("lang"),
+                         "model_A": a, "model_B": b, "prompt": prompt})
+    return rows
+
+
+_VERDICT_TOKEN = re.compile(r"\[\[\s*([ABC])\s*\]\]")
+
+
+def parse_pairwise(text: str, opts: Options = Options()) -> str | None:
+    """``"A"``, ``"B"``, ``"tie"`` or None (unparsed). Reference: only the last 25
+    characters, a later rule winning (tie over B over A; s4.4 item 2); fixed: the last
+    ``[[A]]/[[B]]/[[C]]`` token anywhere."""
+    text = text or ""
+    if opts.ref("pairwise_parse"):
+        tail = text[-25:]
+        for token, v in (("[[C]]", "tie"), ("[[B]]", "B"), ("[[A]]", "A")):
+            if token in tail:
+                return v
+        return None
+    found = _VERDICT_TOKEN.findall(text)
+    return {"A": "A", "B": "B", "C": "tie"}[found[-1]] if found else None
+
+
+def normalize_verdict(v) -> str | None:
+    """A stored verdict (``"A"``, ``"B"``, ``"Tie"``/``"C"``, ``[[A]]``…) -> A / B / tie."""
+    if not isinstance(v, str):
+        return None
+    s = v.strip().strip("[]").strip().lower()
+    return {"a": "A", "b": "B", "c": "tie", "tie": "tie"}.get(s)
+
+
+def preferences(judgments: pd.DataFrame, models: Sequence[str]
+                ) -> tuple[dict[str, list[tuple[int, int]]], dict[str, int]]:
+    """``{query_id: [(winner, loser)]}`` (model indices) from the non-tie verdicts, and the
+    counts of every verdict kind: ties and unparsed are counted, never dropped silently.
+    Every judged query is a key, even when none of its verdicts is a win."""
+    index = {m: i for i, m in enumerate(models)}
+    prefs: dict[str, list[tuple[int, int]]] = {}
+    counts = Counter({"A": 0, "B": 0, "tie": 0, "unparsed": 0, "unknown_model": 0})
+    for q, a, b, v in judgments[["query_id", "model_A", "model_B", "verdict"]].itertuples(
+            index=False):
+        prefs.setdefault(q, [])
+        if a not in index or b not in index:
+            counts["unknown_model"] += 1
+            continue
+        v = v if v in ("A", "B", "tie") else None
+        counts[v or "unparsed"] += 1
+        if v in ("A", "B"):
+            w, l = (a, b) if v == "A" else (b, a)
+            prefs[q].append((index[w], index[l]))
+    counts["judgments"] = len(judgments)
+    return prefs, dict(counts)
+
+
+# --------------------------------------------------------------------------------------
+# Bradley-Terry and the bootstrap (s5)
+# --------------------------------------------------------------------------------------
+
+def bt_fit(n: int, prefs: Sequence[tuple[int, int]], alpha: float = 0.0
+           ) -> tuple[np.ndarray, bool]:
+    """Centred natural-log strengths (P(i beats j) = sigmoid(theta_i - theta_j)) and a
+    ``degenerate`` flag. choix's ILSR, falling back to ``opt_pairwise`` (alpha 1e-6 unless
+    ``alpha`` is set) when ILSR fails, as the reference does (s5.1); degenerate = that
+    fallback, or a model without a win or without a loss (its MLE is infinite)."""
+    import choix
+    prefs = list(prefs)
+    if not prefs:
+        return np.zeros(n), True
+    wins, losses = np.zeros(n), np.zeros(n)
+    for w, l in prefs:
+        wins[w] += 1
+        losses[l] += 1
+    degenerate = bool(((wins == 0) | (losses == 0)).any())
+    try:
+        theta = choix.ilsr_pairwise(n, prefs, alpha=alpha)
+    except (ValueError, RuntimeError):
+        theta = choix.opt_pairwise(n, prefs, alpha=alpha or 1e-6)
+        degenerate = True
+    theta = np.asarray(theta, dtype=float)
+    return theta - theta.mean(), degenerate
+
+
+@dataclass
+class Bootstrap:
+    """``theta[t, m]`` per tournament, ``draws[t]`` the drawn query ids (with duplicates)."""
+
+    models: tuple[str, ...]
+    theta: np.ndarray
+    draws: list[list[str]]
+    degenerate: int = 0
+
+    def summary(self) -> pd.DataFrame:
+        """Mean, 2.5/97.5 percentiles, ``-``/``+`` half-widths and rank (Tables 7/8)."""
+        mean = self.theta.mean(axis=0)
+        lo, hi = np.percentile(self.theta, [2.5, 97.5], axis=0)
+        df = pd.DataFrame({"model_id": self.models, "mean": mean, "ci_low": lo, "ci_high": hi,
+                           "ci_minus": mean - lo, "ci_plus": hi - mean})
+        df = df.sort_values("mean", ascending=False, kind="stable").reset_index(drop=True)
+        df.insert(0, "rank", np.arange(1, len(df) + 1))
+        return df
+
+
+def tournaments(prefs: Mapping[str, Sequence[tuple[int, int]]], models: Sequence[str],
+                opts: Options = Options()) -> Bootstrap:
+    """``opts.tournaments`` BT fits, each on ``opts.matches`` query ids drawn uniformly with
+    replacement from the sorted judged ids (a "match" = one query with all its judgments;
+    P L190, s5.2). Seeded with ``numpy.random.default_rng(bootstrap_seed)`` only."""
+    ids = sorted(prefs)
+    rng = np.random.default_rng(opts.bootstrap_seed)
+    idx = rng.integers(0, len(ids), size=(opts.tournaments, opts.matches))
+    theta = np.empty((opts.tournaments, len(models)))
+    degenerate = 0
+    for t, row in enumerate(idx):
+        theta[t], bad = bt_fit(len(models), [p for i in row for p in prefs[ids[i]]],
+                               opts.bt_alpha)
+        degenerate += bad
+    return Bootstrap(tuple(models), theta, [[ids[i] for i in row] for row in idx], degenerate)
+
+
+# --------------------------------------------------------------------------------------
+# The surrogate judge (s6)
+# --------------------------------------------------------------------------------------
+
+class FeatureTable:
+    """Per (query, model) feature values, null read as 0.0 (the reference's ``or 0.0``)."""
+
+    def __init__(self, rows: pd.DataFrame, models: Sequence[str], features: Sequence[str]):
+        self.models, self.features = tuple(models), tuple(features)
+        self.qids = sorted(set(rows["query_id"]))
+        self._q = {q: i for i, q in enumerate(self.qids)}
+        m_ix = {m: i for i, m in enumerate(models)}
+        f_ix = {f: i for i, f in enumerate(features)}
+        self.values = np.zeros((len(self.qids) + 1, len(models), len(features)))  # +1: absent
+        for q, m, f, v in rows[["query_id", "model", "feature", "value"]].itertuples(
+                index=False):
+            if m in m_ix and f in f_ix and v is not None and not pd.isna(v):
+                self.values[self._q[q], m_ix[m], f_ix[f]] = float(v)
+
+    def means(self, query_ids: Sequence[str]) -> np.ndarray:
+        """``X[m, f] = (1/|Q|) sum_{q in Q} value(q, m, f)`` over the list *with* its
+        duplicates; a query without features counts 0 (s6.1)."""
+        idx = [self._q.get(q, len(self.qids)) for q in query_ids]
+        return self.values[idx].mean(axis=0)
+
+
+def make_regressor(kind: str, random_state: int | None):
+    """Table 3's regressors with library defaults (hyperparameters unpublished, s6.4)."""
+    if kind == "random_forest":
+        from sklearn.ensemble import RandomForestRegressor
+        return RandomForestRegressor(random_state=random_state)
+    if kind == "linear":
+        from sklearn.linear_model import LinearRegression
+        return LinearRegression()
+    if kind == "mlp":
+        from sklearn.neural_network import MLPRegressor
+        return MLPRegressor(random_state=random_state)
+    if kind == "svr":
+        from sklearn.svm import SVR
+        return SVR()
+    if kind == "xgboost":
+        from xgboost import XGBRegressor  # optional: not a dependency of xling
+        return XGBRegressor(random_state=random_state)
+    raise ValueError(f"unknown regressor {kind!r}; use one of {REGRESSORS}")
+
+
+def r2(y: Sequence[float], pred: Sequence[float]) -> float:
+    """Coefficient of determination as sklearn's ``r2_score`` (constant ``y``: 1.0 if
+    predicted exactly, else 0.0)."""
+    y, pred = np.asarray(y, float), np.asarray(pred, float)
+    ss_res, ss_tot = ((y - pred) ** 2).sum(), ((y - y.mean()) ** 2).sum()
+    if ss_tot == 0:
+        return 1.0 if ss_res == 0 else 0.0
+    return float(1 - ss_res / ss_tot)
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float], opts: Options = Options()) -> float:
+    """tau-b of two score vectors aligned by model. Reference: tau of the two
+    ``reversed(argsort)`` orders (s6.3), which depends on how models are numbered."""
+    from scipy.stats import kendalltau
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if opts.ref("kendall_tau"):
+        a, b = np.argsort(a)[::-1].astype(float), np.argsort(b)[::-1].astype(float)
+    return float(kendalltau(a, b).statistic)
+
+
+def _split(models: Sequence[str], held_out: Iterable[str]) -> tuple[list[int], list[int]]:
+    held = set(held_out)
+    return ([i for i, m in enumerate(models) if m not in held],
+            [i for i, m in enumerate(models) if m in held])
+
+
+def surrogate_tournaments(boot: Bootstrap, table: FeatureTable, opts: Options = Options()
+                          ) -> dict[str, np.ndarray]:
+    """Algorithm 1 (P L128-144): per tournament, X = features averaged over its drawn
+    queries, Y = its theta; fit on the train models, R² on the held-out ones (Table 5)."""
+    train, test = _split(boot.models, opts.held_out)
+    r2_held, r2_train = [], []
+    for theta, draws in zip(boot.theta, boot.draws):
+        x = table.means(draws)
+        reg = make_regressor(opts.surrogate, opts.rf_state).fit(x[train], theta[train])
+        r2_train.append(r2(theta[train], reg.predict(x[train])))
+        r2_held.append(r2(theta[test], reg.predict(x[test])) if test else float("nan"))
+    return {"held_out_r2": np.array(r2_held), "train_r2": np.array(r2_train)}
+
+
+def surrogate_final(boot: Bootstrap, table: FeatureTable, query_ids: Sequence[str],
+                    opts: Options = Options()) -> dict:
+    """s6.2: X = feature means over all ``query_ids`` of the language, Y = mean theta; fit on
+    the train models, predict all; tau between the judge's and the surrogate's scores."""
+    train, test = _split(boot.models, opts.held_out)
+    x, y = table.means(query_ids), boot.theta.mean(axis=0)
+    reg = make_regressor(opts.surrogate, opts.rf_state).fit(x[train], y[train])
+    pred = reg.predict(x)
+    imp = getattr(reg, "feature_importances_", None)
+    return {"models": boot.models, "judge": y, "surrogate": pred,
+            "kendall_tau": kendall_tau(y, pred, opts), "train_r2": r2(y[train], pred[train]),
+            "held_out_r2": r2(y[test], pred[test]) if test else float("nan"),
+            "importances": dict(zip(table.features, imp)) if imp is not None else {}}
+
+
+def arena(judgments: pd.DataFrame, features: pd.DataFrame, models: Sequence[str],
+          opts: Options = Options(), query_ids: Sequence[str] | None = None) -> dict:
+    """One language: BT bootstrap, per-tournament surrogate R², final surrogate and tau."""
+    prefs, counts = preferences(judgments, models)
+    boot = tournaments(prefs, models, opts)
+    table = FeatureTable(features, models, opts.features)
+    per_t = surrogate_tournaments(boot, table, opts)
+    final = surrogate_final(boot, table, query_ids if query_ids is not None else table.qids,
+                            opts)
+    return {"bootstrap": boot, "bt": boot.summary(), "counts": counts,
+            "degenerate_tournaments": boot.degenerate, "table": table, **per_t,
+            "final": final}
+
+
+def regressor_ablation(theta: Sequence[float], x: np.ndarray, kinds: Sequence[str] = REGRESSORS,
+                       n_held_out: int = 4, repeats: int = 50, seed: int = 0,
+                       random_state: int | None = 0) -> dict[str, dict[str, float]]:
+    """Table 3 (P L196-215): random train/held-out splits of the models (``n_held_out`` held
+    out), ``repeats`` times; mean train and held-out R² per regressor."""
+    theta = np.asarray(theta, float)
+    rng = np.random.default_rng(seed)
+    splits = [rng.permutation(len(theta)) for _ in range(repeats)]
+    out = {}
+    for kind in kinds:
+        tr, ho = [], []
+        for perm in splits:
+            test, train = perm[:n_held_out], perm[n_held_out:]
+            reg = make_regressor(kind, random_state).fit(x[train], theta[train])
+            tr.append(r2(theta[train], reg.predict(x[train])))
+            ho.append(r2(theta[test], reg.predict(x[test])))
+        out[kind] = {"train_r2": float(np.mean(tr)), "held_out_r2": float(np.mean(ho))}
+    return out
+
+
+def feature_set_taus(boot: Bootstrap, features: pd.DataFrame, query_ids: Sequence[str],
+                     opts: Options = Options()) -> dict[str, float]:
+    """Table 4 (P L220-225): the final surrogate's tau with each of ``FEATURE_SETS``."""
+    out = {}
+    for name, subset in FEATURE_SETS.items():
+        o = replace(opts, features=subset)
+        out[name] = surrogate_final(boot, FeatureTable(features, boot.models, subset),
+                                    query_ids, o)["kendall_tau"]
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Tables in the paper's shapes
+# --------------------------------------------------------------------------------------
+
+def table_tau(taus: Mapping[str, float]) -> pd.DataFrame:
+    """Table 2: tau per language and their average (last row, ``lang="avg"``)."""
+    df = pd.DataFrame({"lang": list(taus), "tau": [float(v) for v in taus.values()]})
+    return pd.concat([df, pd.DataFrame({"lang": ["avg"], "tau": [df["tau"].mean()]})],
+                     ignore_index=True)
+
+
+def table_r2(r2s: Mapping[str, Sequence[float]]) -> pd.DataFrame:
+    """Table 5: mean held-out R² over the tournaments with the 95% interval as -/+."""
+    rows = []
+    for lang, vals in r2s.items():
+        v = np.asarray(vals, float)
+        v = v[~np.isnan(v)]
+        mean = v.mean() if len(v) else float("nan")
+        lo, hi = np.percentile(v, [2.5, 97.5]) if len(v) else (float("nan"),) * 2
+        rows.append({"lang": lang, "mean": mean, "ci_minus": mean - lo, "ci_plus": hi - mean})
+    return pd.DataFrame(rows)
+
+
+def table_bt(bts: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Tables 7/8: ``lang, rank, model_id, mean, ci_minus, ci_plus`` (the CSV's columns)."""
+    cols = ["rank", "model_id", "mean", "ci_minus", "ci_plus"]
+    return pd.concat([bt[cols].assign(lang=lang)[["lang", *cols]] for lang, bt in bts.items()],
+                     ignore_index=True)
+
+
+def table_feature_sets(taus: Mapping[str, Mapping[str, float]]) -> pd.DataFrame:
+    """Table 4: one row per feature set (``#F``), one column per language, and the mean."""
+    rows = []
+    for name, subset in FEATURE_SETS.items():
+        row = {"features": name, "#F": len(subset)}
+        row.update({lang: float(t[name]) for lang, t in taus.items()})
+        row["mean"] = float(np.mean([t[name] for t in taus.values()]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def table_regressors(results: Mapping[str, Mapping[str, Mapping[str, float]]]) -> pd.DataFrame:
+    """Table 3: rows (split, regressor), one column per language."""
+    langs = list(results)
+    kinds = list(next(iter(results.values()))) if results else []
+    return pd.DataFrame([{"split": split, "regressor": k,
+                          **{lang: results[lang][k][split] for lang in langs}}
+                         for split in ("train_r2", "held_out_r2") for k in kinds])
+
+
+def tables(results: Mapping[str, Mapping]) -> dict[str, pd.DataFrame]:
+    """Tables 2, 5, 7/8 and the per-model feature means from :func:`arena` results per
+    language (plus Tables 3/4 when a result holds ``regressors`` / ``feature_sets``)."""
+    out = {"table2": table_tau({l: r["final"]["kendall_tau"] for l, r in results.items()}),
+           "table5": table_r2({l: r["held_out_r2"] for l, r in results.items()}),
+           "table7_8": table_bt({l: r["bt"] for l, r in results.items()})}
+    rows = []
+    for lang, r in results.items():
+        t = r["table"]
+        x = t.means(t.qids)
+        rows += [{"lang": lang, "model": m, **dict(zip(t.features, x[i]))}
+                 for i, m in enumerate(t.models)]
+    out["feature_means"] = pd.DataFrame(rows)
+    if all("feature_sets" in r for r in results.values()) and results:
+        out["table4"] = table_feature_sets({l: r["feature_sets"] for l, r in results.items()})
+    if all("regressors" in r for r in results.values()) and results:
+        out["table3"] = table_regressors({l: r["regressors"] for l, r in results.items()})
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Loaders for the published layouts (s1.3)
+# --------------------------------------------------------------------------------------
+
+def _filesystem(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
+    if filesystem is not None:
+        return filesystem, path
+    if "://" in path:
+        return pafs.FileSystem.from_uri(path)
+    return pafs.LocalFileSystem(), str(Path(path).resolve())
+
+
+def read_split(path: str, lang: str | None = None, split: str = "dev",
+               filesystem: pafs.FileSystem | None = None) -> pa.Table:
+    """A hub snapshot's ``{lang}/{split}-*.parquet`` (or one Parquet file), local or s3.
+    ``dev.small-*`` files beside ``dev-*`` are not read."""
+    fs, root = _filesystem(path, filesystem)
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.File:
+        files = [root]
+    else:
+        base = f"{root.rstrip('/')}/{lang}" if lang else root
+        nested = not lang or fs.get_file_info(base).type == pafs.FileType.Directory
+        # without a {lang}/ folder only the files directly in root are this language's
+        found = fs.get_file_info(pafs.FileSelector(base if nested else root, recursive=nested,
+                                                   allow_not_found=True))
+        files = sorted(f.path for f in found if f.type == pafs.FileType.File
+                       and re.fullmatch(rf"{re.escape(split)}(-.*)?\.parquet", f.base_name))
+    if not files:
+        raise FileNotFoundError(f"{path}: no {split}-*.parquet for {lang or 'any language'}; "
+                                "point at a snapshot of the hub dataset")
+    return pa.concat_tables([pq.read_table(f, filesystem=fs) for f in files],
+                            promote_options="default")
+
+
+def load_queries(path: str, lang: str, split: str = "dev",
+                 filesystem: pafs.FileSystem | None = None) -> list[dict]:
+    """``nthakur/mirage-bench`` rows as items: ``query_id, lang, query, passages
+    [(docid, text)], contexts, qrels {docid: 1/0}, prompt, error``."""
+    items = []
+    for row in read_split(path, lang, split, filesystem).to_pylist():
+        parsed = parse_prompt(row.get("prompt") or "")
+        qrels = {d: 0 for d in row.get("negative_ids") or []}
+        qrels.update({d: 1 for d in row.get("positive_ids") or []})
+        items.append({"query_id": str(row["query_id"]), "lang": lang, "query": parsed["query"],
+                      "passages": parsed["passages"], "contexts": parsed["contexts"],
+                      "qrels": qrels, "prompt": row.get("prompt"), "error": parsed["error"]})
+    return items
+
+
+def load_outputs(path: str, lang: str, split: str = "dev",
+                 filesystem: pafs.FileSystem | None = None
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``nthakur/mirage-bench-output``: generations ``query_id, model, output`` (in the
+    stored ``outputs`` order) and long feature rows ``query_id, model, feature, value``
+    (research column names mapped to the released ones; null kept as NaN)."""
+    table = read_split(path, lang, split, filesystem)
+    gens, feats = [], []
+    feature_cols = [c for c in table.column_names if (c in FEATURES or c in FEATURE_ALIASES
+                    or c == "support_contradiction") and pa.types.is_struct(table.schema.field(
+                        c).type)]
+    for row in table.select(["query_id", "outputs", *feature_cols]).to_pylist():
+        q = str(row["query_id"])
+        gens += [{"query_id": q, "model": o["model"], "output": o["output"]}
+                 for o in row["outputs"] or []]
+        for c in feature_cols:
+            name = FEATURE_ALIASES.get(c, c)
+            feats += [{"query_id": q, "model": m, "feature": name,
+                       "value": float("nan") if v is None else float(v)}
+                      for m, v in (row[c] or {}).items()]
+    return (pd.DataFrame(gens, columns=["query_id", "model", "output"]),
+            pd.DataFrame(feats, columns=["query_id", "model", "feature", "value"]))
+
+
+def load_judgments(path: str, lang: str, split: str = "dev",
+                   filesystem: pafs.FileSystem | None = None, opts: Options = Options()
+                   ) -> pd.DataFrame:
+    """``nthakur/mirage-bench-pairwise-judgments``: ``query_id, model_A, model_B, verdict``
+    with verdict normalised to A / B / tie / None; a verdict that is not one of these is
+    re-parsed from the raw judge ``output`` when that column exists."""
+    df = read_split(path, lang, split, filesystem).to_pandas()
+    df["query_id"] = df["query_id"].astype(str)
+    raw = df["output"] if "output" in df else pd.Series([None] * len(df), index=df.index)
+    df["verdict"] = [normalize_verdict(v) or (parse_pairwise(o, opts) if isinstance(o, str)
+                                              else None)
+                     for v, o in zip(df["verdict"], raw)]
+    return df
