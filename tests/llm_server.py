@@ -94,7 +94,7 @@ class LLMServer:
                 return web.json_response({"error": {"message": "prompt too long"}}, status=400)
             if model == "slow":
                 await asyncio.sleep(2)
-            text = self._reply(prompt)
+            text = self._reply(prompt, model)
             usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())}
             choice = ({"message": {"role": "assistant", "content": text}} if "messages" in body
                       else {"text": text})
@@ -103,8 +103,12 @@ class LLMServer:
         finally:
             self.in_flight -= 1
 
-    def _reply(self, prompt: str) -> str:
+    def _reply(self, prompt: str, model: str) -> str:
         if self.reply_fn is not None:
+            import inspect
+
+            if len(inspect.signature(self.reply_fn).parameters) == 2:  # (prompt, model)
+                return self.reply_fn(prompt, model)
             return self.reply_fn(prompt)
         for needle, text in self.replies.items():
             if needle in prompt:

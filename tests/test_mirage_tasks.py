@@ -517,7 +517,7 @@ def test_features_and_tables_from_the_fixtures():
         opts = M.Options(tournaments=30, matches=4, held_out=M.HELD_OUT)
         results[lang] = M.arena(judg, feats, models, opts, [it["query_id"] for it in items])
         assert results[lang]["counts"]["tie"] == 1 and results[lang]["counts"]["unparsed"] == 1
-    out = M.tables(results)
+    out = M.paper_tables(results)
     t78 = out["table7_8"]
     assert list(t78.columns) == ["lang", "rank", "model_id", "mean", "ci_minus", "ci_plus"]
     assert len(t78) == 10 and t78.groupby("lang")["mean"].sum().abs().max() < 1e-9

@@ -33,7 +33,7 @@ def xling(*args) -> subprocess.CompletedProcess:
     ((XRAG, XDATA, XTR, "study=null", "judge=null"), "generate needs prompts"),
     ((XRAG, XDATA, XTR, "evaluate.labels=/nope/labels.jsonl"),
      "evaluate.labels: file not found"),
-    ((XRAG, XDATA, XTR, "study.task=mirage"), "study.task"),
+    ((XRAG, XDATA, XTR, "study.task=nosuchstudy"), "study.task"),
     ((BORD, BDATA, "study.options.modes=[qlang, sideways]"), "study.options.modes"),
     ((BORD, "study.options.data=/nope"), "study.options.data"),
     ((BORD, BDATA, "study.options.langs=[ru, xx]"), "'xx'"),

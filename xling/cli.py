@@ -62,13 +62,13 @@ def stage_registry() -> dict:
     from xling.jobs.ingest import IngestStage
     from xling.jobs.rerank import RerankStage
     from xling.jobs.retrieve import RetrieveStage
-    from xling.jobs.study import StudyGenerateStage, StudyJudgeStage
+    from xling.jobs.study import StudyFeaturesStage, StudyGenerateStage, StudyJudgeStage
     from xling.jobs.translate import TranslateStage
 
     # generate and judge come with the study glue: plain prompt files work through it too.
     return {"ingest": IngestStage, "translate": TranslateStage, "index": IndexStage,
             "retrieve": RetrieveStage, "rerank": RerankStage, "generate": StudyGenerateStage,
-            "judge": StudyJudgeStage, "evaluate": EvaluateStage}
+            "features": StudyFeaturesStage, "judge": StudyJudgeStage, "evaluate": EvaluateStage}
 
 
 def _stage_args(p: argparse.ArgumentParser) -> None:
@@ -228,6 +228,30 @@ example:
 """)
     _stage_args(p)
     p = sub.add_parser(
+        "features", help="model-scored features of a study's generations (NLI, reranker, "
+                         "language id, LLM scores, lexical metrics)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Score every model's generations of each (setting, language) with the "
+                    "scorers the study asks for (one cell per setting x language x scorer): "
+                    "an NLI classifier on (cited passage, reason sentence) pairs, a "
+                    "cross-encoder on (query, cited passage), language-id probabilities, a "
+                    "pointwise LLM judge, and citation MAP/recall, BLEU and ROUGE-L. Raw scores "
+                    "are stored (features/<study>.<setting>.<lang>.<scorer>.<hash>/); the "
+                    "evaluate stage reduces them with the study's formulas. MIRAGE-Bench uses "
+                    "them for its surrogate judge.",
+        epilog="""settings (features.*):
+  nli               {model, batch_size, max_length, device, parallel}
+                    [MoritzLaurer/mDeBERTa-v3-base-xnli-multilingual-nli-2mil7]
+  reranker          the same for the cross-encoder               [BAAI/bge-reranker-v2-m3]
+  llm               an LLM entry (see `xling generate --help`): the pointwise judge
+  sampling          for the LLM judge             {temperature: 0.1, max_tokens: 512}
+  cache / shards    as in generate
+
+example:
+  xling features --config configs/mirage.yaml features.nli.parallel.num_gpus=1
+""")
+    _stage_args(p)
+    p = sub.add_parser(
         "judge", help="a panel of LLM judges over a study's generations -> judgments rows",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Ask every judge of the panel about every generation of the study (one "
@@ -236,7 +260,10 @@ example:
                     "Output: judgments rows (item_id, study, setting, lang, model, judge, "
                     "verdict, raw, tokens, cached, error). A failed or unparseable judge call is "
                     "an error row; the evaluate stage votes over the valid judges and stores "
-                    "how many there were.",
+                    "how many there were. A study that compares systems pairwise (MIRAGE-Bench's "
+                    "arena) gets one cell per setting x language x judge instead, with one "
+                    "prompt per pair of models (model = the answer shown first, model_b the "
+                    "other); adding a model later asks only the new pairs.",
         epilog="""settings (judge.*):
   judges[]          LLM entries (see `xling generate --help`); XRAG uses 3
   sampling          {temperature: 0, max_tokens: 256, ...}

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from xling.core.config import ConfigError, NoHash, RayConfig, Strict, read_config, validate
 from xling.core.sweep import SweepConfig
 from xling.jobs.evaluate import EvaluateConfig
+from xling.jobs.features import FeaturesConfig
 from xling.jobs.generate import GenerateConfig
 from xling.jobs.index import IndexConfig
 from xling.jobs.ingest import IngestConfig
@@ -27,8 +28,8 @@ from xling.jobs.translate import TranslateConfig
 __all__ = ["ConfigError", "STAGE_ORDER", "XlingConfig", "load_config", "validate_config"]
 
 
-STAGE_ORDER = ("ingest", "translate", "index", "retrieve", "rerank", "generate", "judge",
-               "evaluate", "report")
+STAGE_ORDER = ("ingest", "translate", "index", "retrieve", "rerank", "generate", "features",
+               "judge", "evaluate", "report")
 
 
 class XlingConfig(Strict):
@@ -47,6 +48,7 @@ class XlingConfig(Strict):
     rerank: RerankConfig | None = None
     study: StudyConfig | None = None
     generate: GenerateConfig | None = None
+    features: FeaturesConfig | None = None
     judge: JudgeConfig | None = None
     evaluate: EvaluateConfig | None = None
     sweep: SweepConfig | None = NoHash(None, description="the grid `xling sweep` runs")
@@ -67,9 +69,10 @@ class XlingConfig(Strict):
 
     @model_validator(mode="after")
     def _study_links(self) -> "XlingConfig":
-        if self.judge is not None and (self.study is None or self.generate is None):
-            raise ValueError("judge scores a study's generations: it needs `study:` and "
-                             "`generate:` sections")
+        for name in ("judge", "features"):
+            if getattr(self, name) is not None and (self.study is None or self.generate is None):
+                raise ValueError(f"{name} scores a study's generations: it needs `study:` and "
+                                 "`generate:` sections")
         if self.generate is not None and not self.generate.prompts and self.study is None:
             raise ValueError("generate needs prompts: list files under generate.prompts, or add "
                              "a `study:` section whose tasks/ module builds them")

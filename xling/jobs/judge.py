@@ -1,6 +1,8 @@
 """`judge` stage: a panel of LLM judges over a study's generations -> judgments rows.
 
-One cell per (generate cell, judge). Judges are LLM entries like generate's models (vLLM or
+One cell per (generate cell, judge); or, for a study that judges pairs of systems (an arena,
+`JUDGE_SCOPE = "pairs"` in its tasks/ module), one cell per (setting, language, judge) that
+sees every model's generations and asks one prompt per pair (`pair_rows`). Judges are LLM entries like generate's models (vLLM or
 an OpenAI-compatible endpoint, mixed freely); judges that load the same engine share one
 actor pool, and every judgment is cached like a generation (core/llm.py), so adding a judge
 to a panel or rerunning a killed job asks only what was not asked yet.
@@ -69,8 +71,8 @@ class JudgeConfig(Strict):
 
 JUDGMENTS = pa.schema([
     ("item_id", pa.string()), ("study", pa.string()), ("setting", pa.string()),
-    ("lang", pa.string()), ("model", pa.string()), ("judge", pa.string()),
-    ("verdict", pa.string()), ("raw", pa.string()), ("prompt_hash", pa.string()),
+    ("lang", pa.string()), ("model", pa.string()), ("model_b", pa.string()),
+    ("judge", pa.string()), ("verdict", pa.string()), ("raw", pa.string()), ("prompt_hash", pa.string()),
     ("n_prompt_tokens", pa.int64()), ("n_output_tokens", pa.int64()), ("latency_s", pa.float64()),
     ("cached", pa.bool_()), ("attempts", pa.int64()), ("cache_key", pa.string()),
     ("error", pa.string())])
@@ -91,16 +93,37 @@ class JudgeStage(LLMStage):
     def judge_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
         raise NotImplementedError
 
+    def scope(self, cfg: XlingConfig) -> str:
+        """"generation" (each generation judged alone) or "pairs" (pairs of models)."""
+        return "generation"
+
+    def parser(self, cfg: XlingConfig) -> str:
+        return "verdict"
+
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         jc = cfg.judge
-        cells = []
+        groups: dict[tuple, list[Cell]] = {}
+        pairs = self.scope(cfg) == "pairs"
         for g in self.generation_cells(cfg):
+            if pairs:  # every model of the (setting, lang) in one cell
+                key = {k: v for k, v in g.key.items() if k != "model"}
+                groups.setdefault(tuple(key.items()), []).append(g)
+            else:
+                groups[(*g.key.items(), ("_", g.dir))] = [g]
+        cells = []
+        for gs in groups.values():
+            dirs = sorted(g.dir for g in gs)
+            key = gs[0].key if not pairs else {k: v for k, v in gs[0].key.items()
+                                               if k != "model"}
             for spec in jc.judges:
-                params = {"generation": g.dir, "model": engine_params(spec),
+                params = {"generation": dirs[0] if not pairs else dirs,
+                          "model": engine_params(spec),
                           "sampling": sampling_of(spec, jc.sampling).as_dict(),
                           "options": cfg.study.options}
-                cells.append(Cell("judge", {**g.key, "judge": spec.label}, params,
-                                  inputs=[g.dir], n_shards=jc.shards))
+                if pairs:
+                    params.update(scope="pairs", parser=self.parser(cfg))
+                cells.append(Cell("judge", {**key, "judge": spec.label}, params,
+                                  inputs=dirs, n_shards=jc.shards))
         return cells
 
     def entries(self, cfg: XlingConfig) -> list:
@@ -111,46 +134,56 @@ class JudgeStage(LLMStage):
             check_model(spec, f"judge.judges[{i}]")
         if "generate" not in upstream:
             gens = {c.dir: c for c in self.generation_cells(cfg)}
-            for d in sorted({c.params["generation"] for c in self.cells(cfg)}):
+            for d in sorted({d for c in self.cells(cfg) for d in c.inputs}):
                 require_done(store, gens[d], "the judge stage")
 
     def read(self, cell: Cell, cfg: XlingConfig):
         import ray.data
 
-        gens = read_rows(RunStore(cfg.run_root), [cell.params["generation"]],
+        gens = read_rows(RunStore(cfg.run_root), cell.inputs,
                          ["item_id", "study", "setting", "lang", "model", "parsed", "output",
                           "error"], f"judge cell {cell.id}")
-        t = built_prompt_table(self.judge_rows(cfg, cell, gens), where=cell.key["setting"])
+        rows = self.pair_rows(cfg, cell, gens) if cell.params.get("scope") == "pairs" else \
+            self.judge_rows(cfg, cell, gens)
+        t = built_prompt_table(rows, where=cell.key["setting"])
         return ray.data.from_arrow(t.append_column(RID, t["item_id"]))
+
+    def pair_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
+        raise NotImplementedError
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         ds = generate_pool(ds, cfg.run_root, {s.label: s for s in cfg.judge.judges},
-                           [(c.key["judge"], c.params["sampling"], "verdict") for c in cells],
+                           [(c.key["judge"], c.params["sampling"],
+                             c.params.get("parser", "verdict")) for c in cells],
                            cache=cfg.judge.cache, where="judge.judges")
         return ds.map_batches(as_judgments, batch_format="pyarrow",
-                              fn_kwargs={"models": [c.key["model"] for c in cells]})
+                              fn_kwargs={"models": [c.key.get("model") for c in cells]})
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         files = part_files(store, cell.dir)
         t = store.read_parquet(files, columns=["verdict", "cached", "n_prompt_tokens",
                                                "n_output_tokens", "error"])
         counts = {v: int(pc.sum(pc.equal(t["verdict"], v)).as_py() or 0)
-                  for v in ("correct", "incorrect")}
+                  for v in sorted(set(t["verdict"].drop_null().to_pylist()))}
         return {"judgments": {**counts, "failed": int(pc.sum(pc.is_valid(t["error"])).as_py() or 0),
                               "from_cache": int(pc.sum(pc.equal(t["cached"], True)).as_py() or 0),
                               "prompt_tokens": int(pc.sum(t["n_prompt_tokens"]).as_py() or 0),
                               "output_tokens": int(pc.sum(t["n_output_tokens"]).as_py() or 0)}}
 
 
-def as_judgments(batch: pa.Table, *, models: list[str]) -> pa.Table:
+def as_judgments(batch: pa.Table, *, models: list[str | None]) -> pa.Table:
     """StoreGenerator's generations rows (model = the judge) -> judgments rows (model = the
-    judged generator, judge = the judge)."""
+    judged generator, judge = the judge). A pair's item id is `item|model_a|model_b` (the
+    order shown to the judge): model = the one shown first, model_b the other."""
     rows = batch.to_pylist()
     out = []
     for r in rows:
         parsed = dict(r["parsed"]) if r["parsed"] is not None else {}
+        model, model_b = models[r[CELL]], None
+        if model is None:
+            _, model, model_b = r["item_id"].rsplit("|", 2)
         out.append({"item_id": r["item_id"], "study": r["study"], "setting": r["setting"],
-                    "lang": r["lang"], "model": models[r[CELL]], "judge": r["model"],
+                    "lang": r["lang"], "model": model, "model_b": model_b, "judge": r["model"],
                     "verdict": parsed.get("verdict"), "raw": r["output"],
                     "prompt_hash": r["prompt_hash"], "n_prompt_tokens": r["n_prompt_tokens"],
                     "n_output_tokens": r["n_output_tokens"], "latency_s": r["latency_s"],

@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from xling.core.config import ConfigError, Strict
 from xling.core.runner import Cell, read_rows, require_done
 from xling.core.store import RunStore
+from xling.jobs.features import FeaturesStage
 from xling.jobs.generate import GenerateStage
 from xling.jobs.judge import JudgeStage
 from xling.jobs.translate import TranslateStage, translate_cell
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 # config: the `study:` section
 
 
-STUDIES = ("xrag", "bordirlines")  # modules under xling/tasks/
+STUDIES = ("xrag", "bordirlines", "mirage")  # modules under xling/tasks/
 
 
 class StudyConfig(Strict):
@@ -157,16 +158,45 @@ class StudyJudgeStage(JudgeStage):
     def judge_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
         return study_module(cfg).judge_rows(cell.params["options"], gens)
 
+    def scope(self, cfg: XlingConfig) -> str:
+        return getattr(study_module(cfg), "JUDGE_SCOPE", "generation")
+
+    def parser(self, cfg: XlingConfig) -> str:
+        return study_module(cfg).judge_parser(cfg.study.options)
+
+    def pair_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
+        return study_module(cfg).pair_rows(cell.params["options"], gens)
+
+
+class StudyFeaturesStage(FeaturesStage):
+    """The features stage over the study's generations, with the study's scorers."""
+
+    def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
+        return study_generations(cfg)
+
+    def study(self, cfg: XlingConfig) -> ModuleType:
+        return study_module(cfg)
+
 
 def evaluate_cell(cfg: XlingConfig) -> Cell:
-    """The evaluate stage's one cell for the study: every generation (and judgment) of it."""
-    gens = [c.dir for c in study_generations(cfg)]
-    judged = [c.dir for c in StudyJudgeStage().cells(cfg)] if cfg.judge is not None else []
+    """The evaluate stage's one cell for the study: every generation (and judgment, and
+    scored feature) of it; with published inputs (`source: published`), those files."""
+    mod = study_module(cfg)
+    ran = cfg.generate is not None and bool(mod.prompt_cells(cfg.study.options))
+    gens = [c.dir for c in study_generations(cfg)] if ran else []
+    judged = [c.dir for c in StudyJudgeStage().cells(cfg)] if ran and cfg.judge else []
+    scored = [c.dir for c in StudyFeaturesStage().cells(cfg)] if ran and cfg.features else []
+    files = mod.input_files(cfg.study.options) if not gens else []
     labels = cfg.evaluate.labels
     params = {"generations": gens, "judgments": judged, "options": cfg.study.options,
-              "language_check": bool(cfg.judge and cfg.judge.language_check), "labels": labels}
+              "language_check": bool(cfg.judge and cfg.judge.language_check
+                                     and StudyJudgeStage().scope(cfg) == "generation"),
+              "labels": labels}
+    if scored:
+        params["features"] = scored
     return Cell("evaluate", {"study": cfg.study.task}, params,
-                inputs=[*gens, *judged, *([labels] if labels else [])], n_shards=1)
+                inputs=[*gens, *judged, *scored, *files, *([labels] if labels else [])],
+                n_shards=1)
 
 
 def detect_languages(opts: dict, gens: list[dict]) -> tuple[dict, dict]:
@@ -202,25 +232,38 @@ def run_evaluate(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) ->
                      ["item_id", "study", "setting", "lang", "model", "parsed", "output", "error"],
                      "evaluate")
     judgments, extra, check = None, {}, None
-    if cfg.judge is not None:
+    if cell.params["judgments"]:
         judgments = read_rows(store, cell.params["judgments"],
                               ["item_id", "setting", "lang", "model", "judge", "verdict", "error"],
                               "evaluate")
         extra["labels"] = cell.params["labels"]
         if cell.params["language_check"]:
             extra["detected"], check = detect_languages(opts, gens)
+    if cell.params.get("features"):
+        import json
+
+        scored = read_rows(store, cell.params["features"],
+                           ["item_id", "lang", "model", "scorer", "kind", "scores", "output",
+                            "error"], "evaluate")
+        for r in scored:
+            r["scores"] = json.loads(r["scores"]) if r["scores"] else None
+        extra["features"] = scored
     items, metrics = mod.score(opts, gens, judgments, **extra)
     table = pa.Table.from_pylist(metrics, schema=STUDY_METRICS)
     store.write_parquet(f"{cell.dir}/part-00000.parquet", table)
     store.write_parquet(f"{cell.dir}/items.parquet", pa.Table.from_pylist(items))
     md = mod.tables(metrics)
     store.write_bytes(f"{cell.dir}/table.md", md.encode())
+    plots = mod.plots(metrics) if hasattr(mod, "plots") else {}
+    for name, data in plots.items():
+        store.write_bytes(f"{cell.dir}/{name}", data)
     errors = sum(1 for i in items if i.get("error"))
     manifest = {"stage": "evaluate", "cell": cell.id, "key": cell.key, "params": cell.params,
                 "config_hash": cell.hash, "code_version": code_version(), "n_shards": 1,
                 "rows": table.num_rows, "errors": 0, "files": ["part-00000.parquet"],
                 "items": {"rows": len(items), "errors": errors, "file": "items.parquet"},
                 "generations": len(gens), "language_check": check, "table": "table.md",
+                "plots": sorted(plots),
                 "timings": {"this_run_seconds": round(time.time() - t0, 3)},
                 "finished_at": now()}
     store.write_json(f"{cell.dir}/_manifest.json", manifest)

@@ -698,7 +698,8 @@ def bt_fit(n: int, prefs: Sequence[tuple[int, int]], alpha: float = 0.0
         losses[l] += 1
     degenerate = bool(((wins == 0) | (losses == 0)).any())
     try:
-        theta = choix.ilsr_pairwise(n, prefs, alpha=alpha)
+        with np.errstate(divide="ignore", invalid="ignore"):  # counted as degenerate instead
+            theta = choix.ilsr_pairwise(n, prefs, alpha=alpha)
     except (ValueError, RuntimeError):
         theta = choix.opt_pairwise(n, prefs, alpha=alpha or 1e-6)
         degenerate = True
@@ -939,7 +940,7 @@ def table_regressors(results: Mapping[str, Mapping[str, Mapping[str, float]]]) -
                          for split in ("train_r2", "held_out_r2") for k in kinds])
 
 
-def tables(results: Mapping[str, Mapping]) -> dict[str, pd.DataFrame]:
+def paper_tables(results: Mapping[str, Mapping]) -> dict[str, pd.DataFrame]:
     """Tables 2, 5, 7/8 and the per-model feature means from :func:`arena` results per
     language (plus Tables 3/4 when a result holds ``regressors`` / ``feature_sets``)."""
     out = {"table2": table_tau({l: r["final"]["kendall_tau"] for l, r in results.items()}),
@@ -1046,3 +1047,532 @@ def load_judgments(path: str, lang: str, split: str = "dev",
                                               else None)
                      for v, o in zip(df["verdict"], raw)]
     return df
+
+
+# --------------------------------------------------------------------------------------
+# The study protocol (jobs/study.py): options, prompt sets, feature inputs and their
+# reductions, pair prompts, scoring into metric rows, tables
+# --------------------------------------------------------------------------------------
+
+STUDY = "mirage"
+SETTING = "rag"  # one setting: the published RAG prompt (P §3.1)
+JUDGE_SCOPE = "pairs"  # the judge compares every pair of models (jobs/study.py)
+# Which scorer makes which feature (s3); the features stage runs one cell per scorer.
+SCORERS = {"lexical": ("citation_MAP@10", "citation_Recall@10", "answer_bleu", "answer_rougeL"),
+           "langid": ("target_language", "english_language"),
+           "nli": ("support_entailment", "support_neutral"),
+           "reranker": ("reranker_score",),
+           "llm": ("answer_overlap_score", "fluency_score")}
+SOURCES = ("run", "published")
+_OPTION_FIELDS = ("pairwise_prompt", "instruction", "reference_model", "judge_queries",
+                  "judge_seed", "tournaments", "matches", "bootstrap_seed", "bt_alpha",
+                  "held_out", "features", "surrogate", "random_state", *_COMPAT)
+
+
+def check_options(raw: dict | None) -> dict:
+    """``study.options`` checked and completed (a JSON-able dict: cells hash it)::
+
+        data            snapshot of nthakur/mirage-bench ({lang}/dev-*.parquet), local or s3://
+        source          run (generate, features, arena in this run) | published (the hub's
+                        outputs, features and judgments: needs ``outputs`` and ``judgments``)
+        outputs         snapshot of nthakur/mirage-bench-output
+        judgments       snapshot of nthakur/mirage-bench-pairwise-judgments
+        langs           subset of the 18 languages (default all)
+        split           dev
+        limit           first N queries per language (tiny runs)
+        models          arena roster (default: every model that answered)
+        both_orders     ask the judge both presentation orders of a pair; an
+                        order-inconsistent pair counts as a tie
+        ablations       also Tables 3 and 4
+        compat          fixed | reference: every research-code quirk at once (Options)
+        + every field of :class:`Options` (a compat item given alone overrides ``compat``)
+    """
+    raw = dict(raw or {})
+    known = {"data", "source", "outputs", "judgments", "langs", "split", "limit", "models",
+             "both_orders", "ablations", "compat", *_OPTION_FIELDS}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"study.options: unknown {unknown}; known: {sorted(known)}")
+    if not raw.get("data"):
+        raise ValueError("study.options.data: the MIRAGE-Bench snapshot (nthakur/mirage-bench: "
+                         "{lang}/dev-*.parquet), a local path or s3:// URI")
+    source = raw.get("source", "run")
+    if source not in SOURCES:
+        raise ValueError(f"study.options.source: {source!r}; use run or published")
+    if source == "published":
+        for key in ("outputs", "judgments"):
+            if not raw.get(key):
+                raise ValueError(f"study.options.{key}: source: published reads the hub's "
+                                 f"{'answers and features' if key == 'outputs' else 'verdicts'}"
+                                 f" (nthakur/mirage-bench-{'output' if key == 'outputs' else 'pairwise-judgments'})")
+    langs = list(raw.get("langs") or LANGS)
+    bad = [l for l in langs if l not in LANGS]
+    if bad:
+        raise ValueError(f"study.options.langs: {bad} are not MIRAGE-Bench languages "
+                         f"({', '.join(LANGS)})")
+    compat = raw.get("compat", "fixed")
+    if compat not in ("fixed", "reference"):
+        raise ValueError(f"study.options.compat: {compat!r}; use fixed or reference")
+    fields = {n: compat for n in _COMPAT}
+    fields.update({k: raw[k] for k in _OPTION_FIELDS if k in raw})
+    for k in ("held_out", "features"):
+        if k in fields:
+            fields[k] = tuple(fields[k])
+    opts = Options(**fields)  # raises on a bad value, naming the option
+    limit = raw.get("limit")
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ValueError("study.options.limit: a positive number of queries per language")
+    models = raw.get("models")
+    if models is not None and (not isinstance(models, list) or len(models) < 2):
+        raise ValueError("study.options.models: a list of at least two arena models")
+    out = {"data": str(raw["data"]), "source": source, "outputs": raw.get("outputs"),
+           "judgments": raw.get("judgments"), "langs": langs, "split": raw.get("split", "dev"),
+           "limit": limit, "models": models, "both_orders": bool(raw.get("both_orders", False)),
+           "ablations": bool(raw.get("ablations", False)), "compat": compat}
+    out.update({k: (list(v) if isinstance(v, tuple) else v)
+                for k, v in opts.__dict__.items()})
+    return out
+
+
+def options_of(opts: Mapping) -> Options:
+    return Options(**{k: (tuple(opts[k]) if isinstance(opts[k], list) else opts[k])
+                      for k in _OPTION_FIELDS if k in opts})
+
+
+def published(opts: Mapping) -> bool:
+    return opts.get("source") == "published"
+
+
+def prompt_cells(opts: Mapping) -> list[dict]:
+    if published(opts):
+        return []
+    return [{"setting": SETTING, "lang": l} for l in opts["langs"]]
+
+
+def input_files(opts: Mapping) -> list[str]:
+    """The Parquet files the study reads (the cells' inputs, fingerprinted by the runner)."""
+    roots = [opts["data"]] + ([opts["outputs"], opts["judgments"]] if published(opts) else [])
+    files = []
+    for root in roots:
+        fs, base = _filesystem(root, None)
+        scheme = root.split("://", 1)[0] + "://" if "://" in root else ""
+        for lang in opts["langs"]:
+            found = fs.get_file_info(pafs.FileSelector(f"{base.rstrip('/')}/{lang}",
+                                                       recursive=True, allow_not_found=True))
+            names = sorted(f.path for f in found if f.type == pafs.FileType.File and re.fullmatch(
+                rf"{re.escape(opts['split'])}(-.*)?\.parquet", f.base_name))
+            if not names:
+                raise FileNotFoundError(f"{root}: no {lang}/{opts['split']}-*.parquet; point "
+                                        "study.options at a snapshot of the hub dataset")
+            files += [scheme + n if scheme else n for n in names]
+    return files
+
+
+def parser_for(setting: str) -> str:
+    return "mirage_rag"
+
+
+def parse_rag_output(text: str) -> tuple[dict | None, str | None]:
+    """The generate stage's parser: reason, answer and cited ids in order. Never an error:
+    an answer out of format is data (it scores low on the features)."""
+    parsed = parse_rag_answer(text)
+    return {k: (v if isinstance(v, str) else str(v)) for k, v in parsed.items()}, None
+
+
+def items_of(opts: Mapping, lang: str) -> list[dict]:
+    """The language's queries (the first ``limit``, in file order)."""
+    items = load_queries(opts["data"], lang, opts["split"])
+    return items[:opts["limit"]] if opts.get("limit") else items
+
+
+def build_prompts(opts: Mapping, setting: str, lang: str, *, translations=None) -> list[dict]:
+    """One user message per query: the published prompt, or its instruction replaced
+    (``instruction``: paper | api_scripts, s2.2)."""
+    rows = []
+    for it in items_of(opts, lang):
+        row = {"item_id": it["query_id"], "study": STUDY, "setting": setting, "lang": lang,
+               "prompt": None, "error": it["error"]}
+        if not it["error"]:
+            try:
+                text = rebuild_prompt(it["prompt"], lang, opts["instruction"])
+                row["prompt"] = [{"role": "user", "content": text}]
+            except ValueError as e:
+                row["error"] = str(e)
+        rows.append(row)
+    return rows
+
+
+def _outputs_by_query(gens: Iterable[Mapping]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for g in gens:
+        if g.get("output") and not _failed(g):
+            out.setdefault(str(g["item_id"]), {})[g["model"]] = g["output"]
+    return out
+
+
+def _failed(g: Mapping) -> bool:
+    # a generation the engine could not make (the mirage_rag parser itself never fails)
+    return bool(g.get("error")) and not g.get("output")
+
+
+def pair_rows(opts: Mapping, generations: Sequence[Mapping]) -> list[dict]:
+    """The arena's judge prompts for one (setting, lang): every pair of models on the seeded
+    query subset, ``item_id = query|model_A|model_B`` (both orders with ``both_orders``).
+    The prompts are filled from the template constant for each pair, so every prompt holds
+    its own query and answers (the released evaluator's bug, s4.5, cannot happen)."""
+    if not generations:
+        return []
+    o, lang = options_of(opts), generations[0]["lang"]
+    setting = generations[0]["setting"]
+    outs = _outputs_by_query(generations)
+    roster = opts.get("models") or sorted({g["model"] for g in generations})
+    rows = []
+    for p in pair_prompts(items_of(opts, lang), outs, roster, o):
+        pairs = [(p["model_A"], p["model_B"], p["prompt"])]
+        if opts.get("both_orders"):
+            it = next(i for i in items_of(opts, lang) if i["query_id"] == p["query_id"])
+            swapped = pair_prompt(it["query"], it["passages"],
+                                  judge_answer(outs[p["query_id"]][p["model_B"]], o),
+                                  judge_answer(outs[p["query_id"]][p["model_A"]], o),
+                                  o.pairwise_prompt)
+            pairs.append((p["model_B"], p["model_A"], swapped))
+        for a, b, prompt in pairs:
+            rows.append({"item_id": f"{p['query_id']}|{a}|{b}", "study": STUDY,
+                         "setting": setting, "lang": lang,
+                         "prompt": [{"role": "user", "content": prompt}], "error": None})
+    return rows
+
+
+def judge_parser(opts: Mapping) -> str:
+    """The parser of the arena's verdicts (tasks/parsers.py), by ``pairwise_parse``."""
+    return "mirage_pairwise" + ("_reference" if opts["pairwise_parse"] == "reference" else "")
+
+
+def parse_pair_verdict(text: str, compat: str = "fixed") -> tuple[dict | None, str | None]:
+    """The judge stage's parser for pair prompts: verdict A / B / tie; nothing -> error."""
+    opts = Options.reference() if compat == "reference" else Options()
+    v = parse_pairwise(text, opts)
+    return ({"verdict": v}, None) if v else (None, "no [[A]], [[B]] or [[C]] verdict")
+
+
+def merge_orders(judgments: pd.DataFrame) -> pd.DataFrame:
+    """Both presentation orders of a pair -> one verdict in the first order's terms: the
+    same winner both times stands; a disagreement is a tie; one order unparsed or missing
+    leaves the other."""
+    rows, seen = [], {}
+    for r in judgments.to_dict("records"):
+        key = (r["query_id"], frozenset((r["model_A"], r["model_B"])))
+        winner = {"A": r["model_A"], "B": r["model_B"]}.get(r["verdict"], r["verdict"])
+        if key not in seen:
+            seen[key] = len(rows)
+            rows.append({**r, "_winners": [winner]})
+        else:
+            rows[seen[key]]["_winners"].append(winner)
+    for r in rows:
+        got = [w for w in r.pop("_winners") if w is not None]
+        if not got:
+            r["verdict"] = None
+        elif len(set(got)) > 1:
+            r["verdict"] = "tie"
+        else:
+            w = got[0]
+            r["verdict"] = "tie" if w == "tie" else ("A" if w == r["model_A"] else "B")
+    return pd.DataFrame(rows, columns=list(judgments.columns))
+
+
+def _sentences_for(lang: str, text: str) -> list[str]:
+    return _sentences(lang, text)
+
+
+def feature_inputs(opts: Mapping, scorer: str, lang: str, generations: Sequence[Mapping],
+                   ) -> list[dict]:
+    """What one scorer is asked about a language's generations: rows ``input_id, item_id,
+    model`` plus the scorer's inputs (``premise, hypothesis`` for nli; ``query, passage`` for
+    reranker; ``text`` for langid; ``prompt`` and ``kind`` for llm; ``output`` for lexical).
+    A generation with nothing to score (no citation, say) has no input row: its feature is
+    missing, as in the reference."""
+    import json
+
+    o = options_of(opts)
+    items = {it["query_id"]: it for it in items_of(opts, lang)}
+    rows = []
+    for g in generations:
+        it = items.get(str(g["item_id"]))
+        if it is None or it["error"] or _failed(g):
+            continue
+        q, m, out = it["query_id"], g["model"], g.get("output") or ""
+        base = {"item_id": q, "model": m}
+        passages = dict(it["passages"])
+        if scorer == "lexical":
+            ref = next((x.get("output") for x in generations if str(x["item_id"]) == q
+                        and x["model"] == o.reference_model and not _failed(x)), None)
+            rows.append({**base, "input_id": f"{q}|{m}", "output": out, "label": ref,
+                         "qrels": json.dumps(it["qrels"], sort_keys=True), "lang": lang})
+        elif scorer == "langid":
+            rows.append({**base, "input_id": f"{q}|{m}", "text": langid_text(out, passages)})
+        elif scorer == "nli":
+            rows += [{**base, "input_id": f"{q}|{m}|{i}", **p}
+                     for i, p in enumerate(support_pairs(out, passages, lang, o))]
+        elif scorer == "reranker":
+            rows += [{**base, "input_id": f"{q}|{m}|{p['docid']}", "query": p["query"],
+                      "passage": p["passage"]}
+                     for p in reranker_pairs(out, it["query"], passages, o)]
+        elif scorer == "llm":
+            label = overlap_label([(x["model"], x.get("output") or "") for x in generations
+                                   if str(x["item_id"]) == q], o)
+            if label is not None and "answer_overlap_score" in o.features:
+                rows.append({**base, "input_id": f"{q}|{m}|overlap", "kind": "score",
+                             "prompt": answer_overlap_prompt(it["query"], out, label, lang)})
+            if "fluency_score" in o.features:
+                rows.append({**base, "input_id": f"{q}|{m}|fluency", "kind": "rating",
+                             "prompt": fluency_prompt(it["query"], it["contexts"], out, lang)})
+        else:
+            raise ValueError(f"unknown scorer {scorer!r}; MIRAGE's are {sorted(SCORERS)}")
+    return rows
+
+
+def scorers(opts: Mapping) -> list[str]:
+    """The scorers the chosen features need (none when the features are published)."""
+    if published(opts):
+        return []
+    feats = set(opts["features"])
+    return [s for s, fs in SCORERS.items() if feats & set(fs)]
+
+
+def lexical_scores(opts: Mapping, rows: Sequence[Mapping]) -> list[dict]:
+    """Features 3, 4, 8, 9 of lexical input rows (``output, label, qrels`` JSON, ``lang``),
+    one ``{feature: value}`` per row. The BLEU/ROUGE label is the reference model's answer
+    (None without one, so those two features are missing)."""
+    import json
+
+    o = options_of(opts)
+    out = []
+    for r in rows:
+        vals = citation_scores(r["output"], json.loads(r["qrels"]), o)
+        label = None if r.get("label") is None else overlap_answer(r["label"], o)
+        hyp = overlap_answer(r["output"], o)
+        vals["answer_bleu"] = None if label is None else bleu(hyp, label)
+        vals["answer_rougeL"] = None if label is None else rouge_l(hyp, label, r["lang"])
+        out.append(vals)
+    return out
+
+
+def reduce_features(opts: Mapping, scored: Sequence[Mapping]) -> pd.DataFrame:
+    """The features stage's scored rows (``scorer, item_id, model, scores {name: value},
+    output, kind``) -> long feature rows ``query_id, model, feature, value`` (s3 formulas)."""
+    o = options_of(opts)
+    by: dict[tuple[str, str, str], list[Mapping]] = {}
+    for r in scored:
+        if r.get("error"):
+            continue
+        by.setdefault((r["scorer"], r["item_id"], r["model"]), []).append(r)
+    out = []
+    for (scorer, q, m), rs in by.items():
+        lang = rs[0].get("lang")
+        if scorer == "lexical":
+            vals = dict(rs[0]["scores"])
+        elif scorer == "langid":
+            vals = language_features(rs[0]["scores"], lang, o)
+        elif scorer == "nli":
+            vals = support_features([(r["scores"]["entailment"], r["scores"]["neutral"],
+                                      r["scores"]["contradiction"]) for r in rs], o)
+        elif scorer == "reranker":
+            vals = {"reranker_score": reranker_feature([r["scores"]["score"] for r in rs])}
+        else:  # llm
+            names = {"score": "answer_overlap_score", "rating": "fluency_score"}
+            vals = {names[r["kind"]]: parse_llm_score(r.get("output") or "", r["kind"], o)
+                    for r in rs}
+        out += [{"query_id": q, "model": m, "feature": f, "value": v}
+                for f, v in vals.items() if f in o.features]
+    return pd.DataFrame(out, columns=["query_id", "model", "feature", "value"])
+
+
+def split_pair_id(item_id: str) -> tuple[str, str, str]:
+    q, a, b = str(item_id).rsplit("|", 2)
+    return q, a, b
+
+
+def _published_inputs(opts: Mapping, lang: str, o: Options
+                      ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    gens, feats = load_outputs(opts["outputs"], lang, opts["split"])
+    judg = load_judgments(opts["judgments"], lang, opts["split"], opts=o)
+    if opts.get("limit"):
+        keep = {it["query_id"] for it in items_of(opts, lang)}
+        gens, feats = gens[gens["query_id"].isin(keep)], feats[feats["query_id"].isin(keep)]
+        judg = judg[judg["query_id"].isin(keep)]
+    return gens, feats, judg
+
+
+def _run_judgments(judgments: Sequence[Mapping], lang: str) -> pd.DataFrame:
+    rows = []
+    for j in judgments:
+        if j.get("lang") != lang:
+            continue
+        q, a, b = split_pair_id(j["item_id"])
+        rows.append({"query_id": q, "model_A": a, "model_B": b, "judge": j.get("judge"),
+                     "verdict": j.get("verdict") if not j.get("error") else None,
+                     "error": j.get("error")})
+    return pd.DataFrame(rows, columns=["query_id", "model_A", "model_B", "judge", "verdict",
+                                       "error"])
+
+
+def _m(lang, model, metric, value, n=None, lo=None, hi=None) -> dict:
+    value = None if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else float(value)
+    return {"study": STUDY, "setting": SETTING, "lang": lang, "model": model, "metric": metric,
+            "value": value, "ci_low": None if lo is None else float(lo),
+            "ci_high": None if hi is None else float(hi), "n": n}
+
+
+def score(opts: dict, generations: list[dict], judgments: list[dict] | None, *,
+          features: list[dict] | None = None, **_) -> tuple[list[dict], list[dict]]:
+    """Per language: the BT leaderboard with bootstrap intervals (Tables 7/8), the surrogate's
+    scores, tau (Table 2) and held-out R² (Table 5), feature means; ``lang="avg"`` the mean
+    tau. Items are the judgments as the arena counted them. With ``source: published`` the
+    hub's outputs, features and verdicts are read here instead of the run's."""
+    o = options_of(opts)
+    feats_run = reduce_features(opts, features or []) if not published(opts) else None
+    items, metrics, taus = [], [], {}
+    for lang in opts["langs"]:
+        if published(opts):
+            gens, feats, judg = _published_inputs(opts, lang, o)
+            gens = gens.rename(columns={"query_id": "item_id"})
+        else:
+            gens = pd.DataFrame([g for g in generations if g["lang"] == lang],
+                                columns=["item_id", "model", "output", "error"])
+            judg = _run_judgments(judgments or [], lang)
+            if opts.get("both_orders"):
+                judg = merge_orders(judg)
+            lang_q = {str(q) for q in gens["item_id"]}
+            feats = feats_run[feats_run["query_id"].isin(lang_q)]
+        roster = list(opts.get("models") or sorted(set(gens["model"])))
+        if len(roster) < 2 or judg.empty:
+            metrics.append(_m(lang, "all", "judgments", len(judg), n=len(judg)))
+            continue
+        qids = sorted({str(q) for q in gens["item_id"]})
+        res = arena(judg, feats, roster, o, query_ids=qids)
+        if opts.get("ablations"):
+            res["feature_sets"] = feature_set_taus(res["bootstrap"], feats, qids, o)
+        final, counts, bt = res["final"], res["counts"], res["bt"]
+        sur = dict(zip(final["models"], final["surrogate"]))
+        sur_rank = {m: i + 1 for i, m in enumerate(sorted(sur, key=lambda m: -sur[m]))}
+        fmeans = res["table"].means(res["table"].qids)
+        for r in bt.itertuples(index=False):
+            i = roster.index(r.model_id)
+            metrics += [_m(lang, r.model_id, "bt", r.mean, o.tournaments, r.ci_low, r.ci_high),
+                        _m(lang, r.model_id, "bt_rank", r.rank),
+                        _m(lang, r.model_id, "surrogate", sur[r.model_id]),
+                        _m(lang, r.model_id, "surrogate_rank", sur_rank[r.model_id]),
+                        _m(lang, r.model_id, "held_out", float(r.model_id in o.held_out))]
+            metrics += [_m(lang, r.model_id, f"feature:{f}", fmeans[i][k], len(qids))
+                        for k, f in enumerate(o.features)]
+        held = res["held_out_r2"][~np.isnan(res["held_out_r2"])]
+        lo, hi = np.percentile(held, [2.5, 97.5]) if len(held) else (None, None)
+        metrics += [_m(lang, "all", "kendall_tau", final["kendall_tau"], len(roster)),
+                    _m(lang, "all", "held_out_r2", held.mean() if len(held) else None,
+                       len(held), lo, hi),
+                    _m(lang, "all", "train_r2", final["train_r2"], len(roster)),
+                    _m(lang, "all", "judged_queries", judg["query_id"].nunique()),
+                    _m(lang, "all", "judgments", counts["judgments"]),
+                    _m(lang, "all", "ties", counts["tie"]),
+                    _m(lang, "all", "unparsed", counts["unparsed"]),
+                    _m(lang, "all", "degenerate_tournaments", res["degenerate_tournaments"],
+                       o.tournaments)]
+        metrics += [_m(lang, "all", f"rf_importance:{f}", v)
+                    for f, v in final["importances"].items()]
+        metrics += [_m(lang, "all", f"feature_set_tau:{k}", v)
+                    for k, v in res.get("feature_sets", {}).items()]
+        taus[lang] = final["kendall_tau"]
+        items += [{"lang": lang, **{k: (None if isinstance(v, float) and math.isnan(v) else v)
+                                    for k, v in r.items()}}
+                  for r in judg.to_dict("records")]
+    if taus:
+        vals = [v for v in taus.values() if not math.isnan(v)]
+        metrics.append(_m("avg", "all", "kendall_tau", float(np.mean(vals)) if vals else None,
+                          len(vals)))
+    return items, metrics
+
+
+def _f(v, digits=3) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def tables(metrics: Iterable[Mapping]) -> str:
+    """Markdown: Table 2 (tau), Table 5 (held-out R²), the arena's counts, and Tables 7/8
+    (each language's leaderboard: judge BT score with its 95% interval, surrogate rank)."""
+    df = pd.DataFrame(list(metrics))
+    if df.empty:
+        return "## MIRAGE-Bench\n\nno results\n"
+    out = ["## MIRAGE-Bench: Table 2 (Kendall tau, surrogate vs judge) and Table 5 "
+           "(held-out R²)\n", "| lang | tau | held-out R² (95% CI) | judgments | ties | "
+           "unparsed | degenerate BT fits |", "|---|---|---|---|---|---|---|"]
+    allm = df[df["model"] == "all"]
+    for lang in dict.fromkeys(allm["lang"]):
+        g = allm[allm["lang"] == lang].set_index("metric")
+
+        def v(k, col="value", g=g):
+            return g[col].get(k) if k in g.index else None
+        r2s = _f(v("held_out_r2"))
+        if r2s and v("held_out_r2", "ci_low") is not None:
+            r2s += f" ({_f(v('held_out_r2', 'ci_low'))}, {_f(v('held_out_r2', 'ci_high'))})"
+        cnt = [("" if v(k) is None else str(int(v(k)))) for k in
+               ("judgments", "ties", "unparsed", "degenerate_tournaments")]
+        out.append(f"| {lang} | {_f(v('kendall_tau'))} | {r2s} | {' | '.join(cnt)} |")
+    for lang in dict.fromkeys(df.loc[df["metric"] == "bt", "lang"]):
+        g = df[(df["lang"] == lang) & (df["model"] != "all")]
+        bt = g[g["metric"] == "bt"].set_index("model")
+        rank = g[g["metric"] == "bt_rank"].set_index("model")["value"]
+        srank = g[g["metric"] == "surrogate_rank"].set_index("model")["value"]
+        out += ["", f"### Tables 7/8: {lang} leaderboard (Bradley-Terry, 95% bootstrap CI)\n",
+                "| rank | model | score | -CI | +CI | surrogate rank |", "|---|---|---|---|---|---|"]
+        for m in rank.sort_values().index:
+            r = bt.loc[m]
+            out.append(f"| {int(rank[m])} | {m} | {_f(r['value'])} | "
+                       f"{_f(r['value'] - r['ci_low'])} | {_f(r['ci_high'] - r['value'])} | "
+                       f"{int(srank[m])} |")
+    return "\n".join(out) + "\n"
+
+
+def plot_leaderboards(metrics: Iterable[Mapping], path: str | Path) -> Path | None:
+    """One panel per language: each model's BT score with its 95% bootstrap interval, best
+    on top (the paper's Figure 4 / Tables 7-8 as a picture). PNG at ``path``."""
+    df = pd.DataFrame(list(metrics))
+    if df.empty or not (df["metric"] == "bt").any():
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bt = df[df["metric"] == "bt"]
+    langs = list(dict.fromkeys(bt["lang"]))
+    cols = min(3, len(langs))
+    rows_n = math.ceil(len(langs) / cols)
+    n_models = bt.groupby("lang").size().max()
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 0.35 * n_models * rows_n + 1.5),
+                             squeeze=False)
+    for ax, lang in zip(axes.flat, langs):
+        g = bt[bt["lang"] == lang].sort_values("value")
+        y = np.arange(len(g))
+        ax.errorbar(g["value"], y, xerr=[g["value"] - g["ci_low"], g["ci_high"] - g["value"]],
+                    fmt="o", capsize=3)
+        ax.set_yticks(y, [m.split("/")[-1] for m in g["model"]], fontsize=8)
+        ax.set_title(f"{lang}")
+        ax.set_xlabel("Bradley-Terry score (95% CI)")
+        ax.axvline(0, color="grey", lw=0.5)
+    for ax in list(axes.flat)[len(langs):]:
+        ax.axis("off")
+    fig.suptitle("MIRAGE-Bench arena leaderboards")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plots(metrics: Iterable[Mapping]) -> dict[str, bytes]:
+    """The evaluate stage's figures: ``leaderboard.png`` (see :func:`plot_leaderboards`)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = plot_leaderboards(metrics, Path(d) / "leaderboard.png")
+        return {"leaderboard.png": path.read_bytes()} if path else {}

@@ -70,3 +70,21 @@ def parse_verdict(text: str) -> Parsed:
 
 
 PARSERS["verdict"] = parse_verdict  # judge panels (tasks/judge.py)
+
+
+def parse_mirage_rag(text: str) -> Parsed:
+    from xling.tasks.mirage import parse_rag_output
+
+    return parse_rag_output(text)
+
+
+def parse_mirage_pairwise(text: str) -> Parsed:
+    from xling.tasks.mirage import parse_pair_verdict
+
+    return parse_pair_verdict(text)
+
+
+PARSERS["mirage_rag"] = parse_mirage_rag  # MIRAGE-Bench answers (tasks/mirage.py)
+PARSERS["mirage_pairwise"] = parse_mirage_pairwise  # its arena's pair verdicts
+PARSERS["mirage_pairwise_reference"] = lambda text: __import__(
+    "xling.tasks.mirage", fromlist=["parse_pair_verdict"]).parse_pair_verdict(text, "reference")
