@@ -199,3 +199,45 @@ def test_mirage_published_route(tmp_path):
     assert m[("en", "all", "ties")] == 1 and m[("en", "all", "unparsed")] == 1
     assert m[("en", "gpt-4-azure", "bt_rank")] == 1
     assert (run_root / ev["dir"] / "leaderboard.png").is_file()
+
+
+def test_mirage_killed_in_features_and_arena_resumes(tmp_path, s3_env):
+    """SIGKILL the driver while the features stage commits, rerun, SIGKILL it while the arena
+    commits, rerun to the end: no LLM prompt is ever asked twice (the server counts each
+    (model, prompt)), and every scored row and judgment is there exactly once."""
+    import subprocess
+
+    from test_resume import kill_after_commits, markers, xling
+
+    run_root = f"s3://xling-test/mirage-kill-{int(time.time() * 1000)}"
+    store = RunStore(run_root)
+    cheap = ("[citation_MAP@10, citation_Recall@10, answer_bleu, answer_rougeL, "
+             "answer_overlap_score, fluency_score]")  # the lexical and LLM scorers only
+    with LLMServer(models=(*STRENGTH, "pointwise", "arena"), delay_s=0.05) as server:
+        server.reply_fn = lambda prompt, model: (
+            generator_reply(prompt, model) if model in STRENGTH else judge_reply(prompt, model))
+        args = [a for a in overrides(run_root, server.url)
+                if not a.startswith(("generate.models", "features.nli", "features.reranker"))]
+        api = ", ".join("{name: %s, backend: openai, model: %s, base_url: '%s', "
+                        "api_key_env: null}" % (m, m, server.url) for m in STRENGTH)
+        args += [f"generate.models=[{api}]", f"study.options.features={cheap}",
+                 "features.shards=6", "judge.shards=6"]
+        cmd = ["run", "--config", str(ROOT / "configs/mirage.yaml"), "--no-progress", *args]
+        slow = {"XLING_FAULT_COMMIT_DELAY": "1.0"}
+        for stage in ("features", "judge"):
+            proc = xling(*cmd, env=slow, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            kill_after_commits(proc, store, stage, n=2)
+            assert len(markers(store, stage)) < 6 * (4 if stage == "features" else 2), \
+                "the kill should land mid-stage"
+        done = xling(*cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out, _ = done.communicate(timeout=600)
+        assert done.returncode == 0, out.decode()[-3000:]
+        asked = {k: n for k, n in server.seen.items() if k[0] in ("pointwise", "arena")}
+        assert asked and max(asked.values()) == 1, "an LLM prompt was asked twice"
+    for stage, key in (("features", "input_id"), ("judge", "item_id")):
+        for m in manifests(store, stage):
+            ids = read_cell(store, m["dir"])[key].to_pylist()
+            assert len(ids) == len(set(ids)) and len(ids) == m["rows"], m["dir"]
+    (ev,) = manifests(store, "evaluate")
+    mm = metric_map(store, ev)
+    assert mm[("en", "s3", "bt_rank")]["value"] == 1
