@@ -28,6 +28,7 @@ models: setup
 demo: setup
 	$(BIN)/xling models tiny
 	$(BIN)/xling run --config configs/demo.yaml
+	$(BIN)/xling run --config configs/demo-mirage.yaml
 
 test: setup
 	$(BIN)/xling models tiny

@@ -183,7 +183,8 @@ class FeaturesStage(Stage):
         out = ds.map_batches(actor, batch_format="pyarrow", batch_size=p.batch_size,
                              fn_constructor_kwargs={
                                  "model": resolve_model(spec.model, key=f"features.{scorer}.model"),
-                                 "device": spec.device, "batch_size": spec.batch_size,
+                                 "device": None if spec.device == "auto" else spec.device,
+                                 "batch_size": spec.batch_size,
                                  "max_length": spec.max_length},
                              compute=actor_pool(p, key=f"features.{scorer}.parallel"),
                              num_cpus=p.num_cpus, num_gpus=p.num_gpus)
