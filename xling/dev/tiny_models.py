@@ -1,17 +1,24 @@
 """Tiny stand-ins for the real models, built offline in seconds.
 
-Real runs use facebook/nllb-200-* (converted to CTranslate2), BAAI/bge-m3 (FlagEmbedding) and a
-Llama-style chat model (vLLM). None of them can be downloaded on development machines or in CI,
-so tests and the offline demo use models that this module builds locally from nothing: the same
-architectures, tokenizer classes, special-token layouts and file names as the real ones, with a
-few hundred thousand weights (random, except a few seconds of copy-task training for NLLB).
+Real runs use facebook/nllb-200-* (converted to CTranslate2), BAAI/bge-m3 (FlagEmbedding), a
+Llama-style chat model (vLLM), and for MIRAGE-Bench's support and reranker features
+MoritzLaurer/mDeBERTa-v3-base-xnli-multilingual-nli-2mil7 (transformers) and
+BAAI/bge-reranker-v2-m3 (FlagEmbedding's FlagReranker). None of them can be downloaded on
+development machines or in CI, so tests and the offline demo use models that this module builds
+locally from nothing: the same architectures, tokenizer classes, special-token layouts and file
+names as the real ones, with a few hundred thousand weights (random, except a few seconds of
+copy-task training for NLLB).
 Loading them goes through exactly the code paths the real models use (AutoTokenizer,
-CTranslate2's Transformers converter, BGEM3FlagModel, vLLM); only the outputs are gibberish.
+CTranslate2's Transformers converter, BGEM3FlagModel, vLLM, FlagReranker); only the outputs are
+gibberish.
 
     nllb_hf     M2M100ForConditionalGeneration + NllbTokenizer (all 202 NLLB language tokens)
     nllb_ct2    the same model converted with ctranslate2, tokenizer files copied alongside
     bge_m3      XLMRobertaModel + XLMRobertaTokenizer + colbert_linear.pt + sparse_linear.pt
     llama_chat  LlamaForCausalLM + LlamaTokenizer with a Llama-3 style chat template
+    nli_deberta DebertaV2ForSequenceClassification (entailment/neutral/contradiction, the real
+                model's label order) + DebertaV2Tokenizer (spm.model with DeBERTa-v3's ids)
+    xlmr_reranker XLMRobertaForSequenceClassification (num_labels=1) + XLMRobertaTokenizer
 
 Builds are cached (a marker file per model records the build version, library versions and a
 hash of the content), atomic (built in a temporary folder, then renamed into place) and
@@ -286,6 +293,8 @@ _LIBS = {
     "nllb_ct2": _COMMON_LIBS + ("ctranslate2",),
     "bge_m3": _COMMON_LIBS,
     "llama_chat": _COMMON_LIBS,
+    "nli_deberta": _COMMON_LIBS,
+    "xlmr_reranker": _COMMON_LIBS,
 }
 
 
@@ -420,14 +429,11 @@ def _seeded(seed: int) -> Iterator[None]:
 
 
 def _train_sentencepiece(model_type: str, vocab_size: int, **extra) -> bytes:
+    """A sentencepiece model trained on the corpus above; ``extra`` adds trainer options or
+    overrides the defaults (DeBERTa-v3 uses its own special-piece ids and names)."""
     import sentencepiece as spm
 
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_corpus_lines()),
-        model_writer=buf,
-        model_type=model_type,
-        vocab_size=vocab_size,
+    options = dict(
         # A single thread and the whole (sorted) corpus, no sampling: identical bytes every time.
         num_threads=1,
         input_sentence_size=0,
@@ -440,7 +446,17 @@ def _train_sentencepiece(model_type: str, vocab_size: int, **extra) -> bytes:
         eos_id=2,
         pad_id=-1,
         minloglevel=2,
-        **extra,
+    )
+    # An override keeps its key's place, new options come last: the builds that pass no
+    # override call the trainer exactly as before.
+    options.update(extra)
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_corpus_lines()),
+        model_writer=buf,
+        model_type=model_type,
+        vocab_size=vocab_size,
+        **options,
     )
     return buf.getvalue()
 
@@ -577,10 +593,10 @@ def _build_nllb_ct2(out: Path, deps: dict[str, Path]) -> None:
         raise RuntimeError(f"tiny nllb_ct2 self-check failed: {result[0].hypotheses[0]}")
 
 
-def _build_bge_m3(out: Path, _deps: dict[str, Path]) -> None:
-    import torch
+def _xlmr_tokenizer(out: Path):
+    """XLM-R's tokenizer (bge-m3 and bge-reranker-v2-m3 share it), saved into ``out``."""
     from tokenizers.models import Unigram
-    from transformers import XLMRobertaConfig, XLMRobertaModel, XLMRobertaTokenizer
+    from transformers import XLMRobertaTokenizer
     from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
     # XLM-R's sentencepiece model is a unigram model (NLLB's is BPE); same file name as bge-m3.
@@ -597,11 +613,16 @@ def _build_bge_m3(out: Path, _deps: dict[str, Path]) -> None:
         model_max_length=8192,
     )
     tok.save_pretrained(out)
+    return tok
 
-    hidden = 64
-    # BAAI/bge-m3's config.json, shrunk (8194 positions = 8192 + XLM-R's padding offset).
-    config = XLMRobertaConfig(
-        vocab_size=len(tok),
+
+def _xlmr_config(vocab_size: int, hidden: int, **extra):
+    """BAAI/bge-m3's config.json (and bge-reranker-v2-m3's, which shares it), shrunk (8194
+    positions = 8192 + XLM-R's padding offset)."""
+    from transformers import XLMRobertaConfig
+
+    return XLMRobertaConfig(
+        vocab_size=vocab_size,
         hidden_size=hidden,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -613,7 +634,17 @@ def _build_bge_m3(out: Path, _deps: dict[str, Path]) -> None:
         bos_token_id=0,
         eos_token_id=2,
         dtype="float32",
+        **extra,
     )
+
+
+def _build_bge_m3(out: Path, _deps: dict[str, Path]) -> None:
+    import torch
+    from transformers import XLMRobertaModel
+
+    tok = _xlmr_tokenizer(out)
+    hidden = 64
+    config = _xlmr_config(len(tok), hidden)
     with _seeded(2):
         model = XLMRobertaModel(config).eval()
         # FlagEmbedding's M3 runner builds Linear(hidden, hidden) and Linear(hidden, 1) and
@@ -708,11 +739,95 @@ def _build_llama_chat(out: Path, _deps: dict[str, Path]) -> None:
     model.save_pretrained(out)
 
 
+
+# The label order of MoritzLaurer/mDeBERTa-v3-base-xnli-multilingual-nli-2mil7's config.json.
+NLI_ID2LABEL = {0: "entailment", 1: "neutral", 2: "contradiction"}
+
+
+# The two classifiers are initialised wider than the usual 0.02 (the saved config then says
+# 0.02 like the real ones; inference never reads it). At 0.02 the [CLS] state of a random
+# 2-layer model barely depends on the input, so every pair gets the same near-uniform NLI
+# probabilities (all about 0.33) and the same reranker logit: tests that must tell labels or
+# pairs apart would compare numbers that differ in the third decimal. Wider weights give
+# peaked probabilities and logits spread over several units, as trained models give.
+_CLASSIFIER_INIT = {"nli_deberta": 0.2, "xlmr_reranker": 0.3}
+
+
+def _build_nli_deberta(out: Path, _deps: dict[str, Path]) -> None:
+    from tokenizers.models import Unigram
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification, DebertaV2Tokenizer
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+
+    # DeBERTa-v3's spm.model has its special pieces at the front under their BERT names,
+    # [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, and no fairseq offset: token id = sentencepiece id.
+    # [MASK] is an added token after the pieces, as in the real tokenizer.
+    spm_path = out / "spm.model"
+    spm_path.write_bytes(_train_sentencepiece(
+        "unigram", 1000, unk_id=3, bos_id=1, eos_id=2, pad_id=0, pad_piece="[PAD]",
+        bos_piece="[CLS]", eos_piece="[SEP]", unk_piece="[UNK]",
+    ))
+    extracted = SentencePieceExtractor(str(spm_path)).extract(Unigram)
+    vocab = list(extracted["vocab"]) + [("[MASK]", 0.0)]
+    tok = DebertaV2Tokenizer(vocab=vocab, do_lower_case=False, split_by_punct=False,
+                             model_max_length=512)
+    tok.save_pretrained(out)
+
+    hidden = 64
+    # The real model's config.json (mDeBERTa-v3-base: relative attention with 256 position
+    # buckets, no absolute positions, no token types), shrunk.
+    config = DebertaV2Config(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        hidden_act="gelu",
+        max_position_embeddings=512,
+        type_vocab_size=0,
+        layer_norm_eps=1e-7,
+        relative_attention=True,
+        max_relative_positions=-1,
+        position_buckets=256,
+        norm_rel_ebd="layer_norm",
+        share_att_key=True,
+        pos_att_type=["p2c", "c2p"],
+        position_biased_input=False,
+        pooler_hidden_size=hidden,
+        pooler_dropout=0,
+        pooler_hidden_act="gelu",
+        pad_token_id=0,
+        id2label=dict(NLI_ID2LABEL),
+        label2id={v: k for k, v in NLI_ID2LABEL.items()},
+        initializer_range=_CLASSIFIER_INIT["nli_deberta"],
+        dtype="float32",
+    )
+    with _seeded(4):
+        model = DebertaV2ForSequenceClassification(config).eval()
+    model.config.initializer_range = 0.02
+    model.save_pretrained(out)
+
+
+def _build_xlmr_reranker(out: Path, _deps: dict[str, Path]) -> None:
+    from transformers import XLMRobertaForSequenceClassification
+
+    # bge-reranker-v2-m3 is bge-m3's encoder with a one-logit classification head, and the
+    # same tokenizer (FlagReranker loads both with the Auto classes).
+    tok = _xlmr_tokenizer(out)
+    config = _xlmr_config(len(tok), 64, num_labels=1,
+                          initializer_range=_CLASSIFIER_INIT["xlmr_reranker"])
+    with _seeded(5):
+        model = XLMRobertaForSequenceClassification(config).eval()
+    model.config.initializer_range = 0.02
+    model.save_pretrained(out)
+
+
 _BUILDERS: dict[str, tuple[Callable[[Path, dict[str, Path]], None], tuple[str, ...]]] = {
     "nllb_hf": (_build_nllb_hf, ()),
     "nllb_ct2": (_build_nllb_ct2, ("nllb_hf",)),
     "bge_m3": (_build_bge_m3, ()),
     "llama_chat": (_build_llama_chat, ()),
+    "nli_deberta": (_build_nli_deberta, ()),
+    "xlmr_reranker": (_build_xlmr_reranker, ()),
 }
 
 
@@ -726,7 +841,8 @@ def build_tiny_models(
 ) -> dict[str, Path]:
     """Build (or reuse) the tiny models under ``cache_dir``.
 
-    Returns {"nllb_hf": ..., "nllb_ct2": ..., "bge_m3": ..., "llama_chat": ...}. A model whose
+    Returns {"nllb_hf": ..., "nllb_ct2": ..., "bge_m3": ..., "llama_chat": ..., "nli_deberta":
+    ..., "xlmr_reranker": ...} (core/models.py's TINY_MODELS, in order). A model whose
     marker matches this build version, the installed library versions and its files is reused;
     ``force=True`` rebuilds all of them.
     """
