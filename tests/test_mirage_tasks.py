@@ -527,3 +527,90 @@ def test_features_and_tables_from_the_fixtures():
     assert list(out["table5"]["lang"]) == ["en", "sw"] and out["table5"]["mean"].notna().all()
     fm = out["feature_means"]
     assert len(fm) == 10 and set(M.FEATURES) <= set(fm.columns)
+
+
+# --- the study protocol (jobs/study.py's hooks) ------------------------------------------
+
+def _study_opts(**kw):
+    return M.check_options({"data": str(DATA / "mirage-bench"), "langs": ["en"], **kw})
+
+
+def _gens(lang="en"):
+    items = M.load_queries(str(DATA / "mirage-bench"), lang)
+    outs = M.load_outputs(str(DATA / "mirage-bench-output"), lang)[0]
+    return [{"item_id": q, "lang": lang, "setting": "rag", "model": m, "output": o,
+             "error": None} for q, m, o in outs.itertuples(index=False)], items
+
+
+def test_check_options_refuses_with_the_fix_named():
+    with pytest.raises(ValueError, match="study.options.data"):
+        M.check_options({})
+    with pytest.raises(ValueError, match="not MIRAGE-Bench languages"):
+        _study_opts(langs=["en", "xx"])
+    with pytest.raises(ValueError, match="mirage-bench-output"):
+        _study_opts(source="published")
+    with pytest.raises(ValueError, match="compat"):
+        _study_opts(compat="sometimes")
+    ref = _study_opts(compat="reference", pairwise_parse="fixed")
+    assert ref["nli_rounding"] == "reference" and ref["pairwise_parse"] == "fixed"
+    assert M.judge_parser(ref) == "mirage_pairwise"
+    assert M.judge_parser(_study_opts(compat="reference")) == "mirage_pairwise_reference"
+
+
+def test_pair_rows_both_orders_are_distinct_and_complete():
+    gens, items = _gens()
+    opts = _study_opts(both_orders=True)
+    rows = M.pair_rows(opts, gens)
+    n_models = len({g["model"] for g in gens})
+    assert len(rows) == 2 * len(items) * comb(n_models, 2)
+    prompts = [r["prompt"][0]["content"] for r in rows]
+    assert len(set(prompts)) == len(prompts)
+    by_id = {r["item_id"]: r for r in rows}
+    for r in rows:
+        q, a, b = M.split_pair_id(r["item_id"])
+        assert f"{q}|{b}|{a}" in by_id  # the other order is asked too
+        text = r["prompt"][0]["content"]
+        out = {g["model"]: g["output"] for g in gens if g["item_id"] == q}
+        for side, m in (("A", a), ("B", b)):  # each model's answer where the id says
+            assert (f"[The Start of Assistant {side}'s Answer]\n{M.judge_answer(out[m])}\n"
+                    f"[The End of Assistant {side}'s Answer]") in text
+
+
+def test_merge_orders_disagreement_is_a_tie():
+    df = pd.DataFrame([
+        {"query_id": "q", "model_A": "x", "model_B": "y", "verdict": "A"},
+        {"query_id": "q", "model_A": "y", "model_B": "x", "verdict": "B"},   # x again: stands
+        {"query_id": "r", "model_A": "x", "model_B": "y", "verdict": "A"},
+        {"query_id": "r", "model_A": "y", "model_B": "x", "verdict": "A"},   # flips: tie
+        {"query_id": "s", "model_A": "x", "model_B": "y", "verdict": None},
+        {"query_id": "s", "model_A": "y", "model_B": "x", "verdict": "A"},   # only y's win
+    ])
+    got = M.merge_orders(df).set_index("query_id")["verdict"].to_dict()
+    assert got == {"q": "A", "r": "tie", "s": "B"}
+
+
+def test_feature_inputs_reduce_to_the_direct_formulas():
+    """The features stage's inputs and reduction give what the formulas give directly."""
+    gens, items = _gens()
+    opts = _study_opts(reference_model=gens[0]["model"])
+    lex = M.feature_inputs(opts, "lexical", "en", gens)
+    scored = [{"scorer": "lexical", "item_id": r["item_id"], "model": r["model"], "lang": "en",
+               "scores": s, "error": None}
+              for r, s in zip(lex, M.lexical_scores(opts, lex))]
+    got = M.reduce_features(opts, scored)
+    frame = pd.DataFrame([{"query_id": g["item_id"], "model": g["model"],
+                           "output": g["output"]} for g in gens])
+    want = M.lexical_features(items, frame, M.options_of(opts))
+    key = ["query_id", "model", "feature"]
+    merged = got.merge(want, on=key, suffixes=("", "_want"))
+    assert len(merged) == len(want) > 0
+    assert np.allclose(merged["value"].astype(float), merged["value_want"].astype(float),
+                       equal_nan=True)
+    nli = M.feature_inputs(opts, "nli", "en", gens)
+    assert nli and all(r["premise"] and r["hypothesis"] for r in nli)
+    probs = [{"scorer": "nli", "item_id": r["item_id"], "model": r["model"], "lang": "en",
+              "scores": {"entailment": 0.7, "neutral": 0.2, "contradiction": 0.1},
+              "error": None} for r in nli]
+    red = M.reduce_features(opts, probs)
+    assert set(red["feature"]) == {"support_entailment", "support_neutral"}
+    assert np.allclose(red[red["feature"] == "support_entailment"]["value"], 0.7)

@@ -1262,7 +1262,7 @@ def merge_orders(judgments: pd.DataFrame) -> pd.DataFrame:
     rows, seen = [], {}
     for r in judgments.to_dict("records"):
         key = (r["query_id"], frozenset((r["model_A"], r["model_B"])))
-        winner = {"A": r["model_A"], "B": r["model_B"]}.get(r["verdict"], r["verdict"])
+        winner = {"A": r["model_A"], "B": r["model_B"], "tie": "tie"}.get(r["verdict"])
         if key not in seen:
             seen[key] = len(rows)
             rows.append({**r, "_winners": [winner]})
