@@ -614,3 +614,20 @@ def test_feature_inputs_reduce_to_the_direct_formulas():
     red = M.reduce_features(opts, probs)
     assert set(red["feature"]) == {"support_entailment", "support_neutral"}
     assert np.allclose(red[red["feature"] == "support_entailment"]["value"], 0.7)
+
+
+def test_published_score_with_ablations_renders_tables_3_and_4():
+    d = str(DATA)
+    opts = M.check_options({"data": f"{d}/mirage-bench", "source": "published",
+                            "outputs": f"{d}/mirage-bench-output",
+                            "judgments": f"{d}/mirage-bench-pairwise-judgments",
+                            "langs": ["en"], "tournaments": 10, "matches": 4,
+                            "ablations": True})
+    items, metrics = M.score(opts, [], None)
+    names = {r["metric"] for r in metrics}
+    assert {f"feature_set_tau:{k}" for k in M.FEATURE_SETS} <= names
+    assert "regressor:random_forest:held_out_r2" in names
+    md = M.tables(metrics)
+    assert "Table 4: surrogate tau by feature set" in md and "| w/o LLM judge |" in md
+    assert "Table 3: train / held-out R² by regressor" in md
+    assert len(items) == 40  # every judgment, ties and unparsed included

@@ -1451,8 +1451,12 @@ def score(opts: dict, generations: list[dict], judgments: list[dict] | None, *,
             continue
         qids = sorted({str(q) for q in gens["item_id"]})
         res = arena(judg, feats, roster, o, query_ids=qids)
-        if opts.get("ablations"):
+        if opts.get("ablations"):  # Tables 3 and 4
             res["feature_sets"] = feature_set_taus(res["bootstrap"], feats, qids, o)
+            kinds = [k for k in REGRESSORS if k != "xgboost" or _has("xgboost")]
+            res["regressors"] = regressor_ablation(
+                res["bootstrap"].theta.mean(axis=0), res["table"].means(qids), kinds,
+                n_held_out=min(4, max(1, len(roster) // 4)), random_state=o.rf_state)
         final, counts, bt = res["final"], res["counts"], res["bt"]
         sur = dict(zip(final["models"], final["surrogate"]))
         sur_rank = {m: i + 1 for i, m in enumerate(sorted(sur, key=lambda m: -sur[m]))}
@@ -1482,6 +1486,8 @@ def score(opts: dict, generations: list[dict], judgments: list[dict] | None, *,
                     for f, v in final["importances"].items()]
         metrics += [_m(lang, "all", f"feature_set_tau:{k}", v)
                     for k, v in res.get("feature_sets", {}).items()]
+        metrics += [_m(lang, "all", f"regressor:{kind}:{split}", v)
+                    for kind, r in res.get("regressors", {}).items() for split, v in r.items()]
         taus[lang] = final["kendall_tau"]
         items += [{"lang": lang, **{k: (None if isinstance(v, float) and math.isnan(v) else v)
                                     for k, v in r.items()}}
@@ -1491,6 +1497,11 @@ def score(opts: dict, generations: list[dict], judgments: list[dict] | None, *,
         metrics.append(_m("avg", "all", "kendall_tau", float(np.mean(vals)) if vals else None,
                           len(vals)))
     return items, metrics
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
 
 
 def _f(v, digits=3) -> str:
@@ -1518,6 +1529,21 @@ def tables(metrics: Iterable[Mapping]) -> str:
         cnt = [("" if v(k) is None else str(int(v(k)))) for k in
                ("judgments", "ties", "unparsed", "degenerate_tournaments")]
         out.append(f"| {lang} | {_f(v('kendall_tau'))} | {r2s} | {' | '.join(cnt)} |")
+    for prefix, title in (("feature_set_tau:", "Table 4: surrogate tau by feature set"),
+                          ("regressor:", "Table 3: train / held-out R² by regressor")):
+        sub = allm[allm["metric"].str.startswith(prefix)]
+        if sub.empty:
+            continue
+        langs = list(dict.fromkeys(sub["lang"]))
+        out += ["", f"### {title}\n", "| | " + " | ".join(langs) + " | mean |",
+                "|---" * (len(langs) + 2) + "|"]
+        for metric in dict.fromkeys(sub["metric"]):
+            vals = [sub[(sub["lang"] == l) & (sub["metric"] == metric)]["value"] for l in langs]
+            vals = [float(v.iloc[0]) if len(v) and v.iloc[0] is not None else float("nan")
+                    for v in vals]
+            mean = float(np.nanmean(vals)) if not all(map(math.isnan, vals)) else float("nan")
+            out.append(f"| {metric.removeprefix(prefix)} | "
+                       + " | ".join(_f(v) for v in vals) + f" | {_f(mean)} |")
     for lang in dict.fromkeys(df.loc[df["metric"] == "bt", "lang"]):
         g = df[(df["lang"] == lang) & (df["model"] != "all")]
         bt = g[g["metric"] == "bt"].set_index("model")
