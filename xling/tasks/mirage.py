@@ -1579,8 +1579,9 @@ def plot_leaderboards(metrics: Iterable[Mapping], path: str | Path) -> Path | No
     for ax, lang in zip(axes.flat, langs):
         g = bt[bt["lang"] == lang].sort_values("value")
         y = np.arange(len(g))
-        ax.errorbar(g["value"], y, xerr=[g["value"] - g["ci_low"], g["ci_high"] - g["value"]],
-                    fmt="o", capsize=3)
+        # a skewed bootstrap can put the mean outside its percentile interval: no bar then
+        xerr = [np.maximum(0, g["value"] - g["ci_low"]), np.maximum(0, g["ci_high"] - g["value"])]
+        ax.errorbar(g["value"], y, xerr=xerr, fmt="o", capsize=3)
         ax.set_yticks(y, [m.split("/")[-1] for m in g["model"]], fontsize=8)
         ax.set_title(f"{lang}")
         ax.set_xlabel("Bradley-Terry score (95% CI)")

@@ -1,0 +1,103 @@
+"""A scripted OpenAI-compatible LLM server for the offline demo's MIRAGE-Bench arena.
+
+`python -m xling.dev.scripted_llm --port 8977` serves `/v1/models` and
+`/v1/chat/completions` on 127.0.0.1. Its models stand in for API models that the demo cannot
+call:
+- `scripted-good` / `scripted-fair`: RAG answers in MIRAGE's `##Reason: ... ##Answer: ...`
+  format citing the first passage (good) or nothing (fair), each with a `QUALITY=<n>` marker;
+- `scripted-judge`: the arena judge. On a pair prompt it prefers the answer with the higher
+  marker (an answer without one, such as the tiny model's, counts 0) and says `[[C]]` on a
+  tie, except on about a third of the questions (by a hash of the question), where it
+  prefers the weaker answer: a judge that is never wrong makes Bradley-Terry's estimate
+  infinite. On the pointwise prompts it gives a fixed score and rating.
+
+It exists so that `make demo` runs the whole arena (generate -> features -> judge ->
+evaluate) through the real HTTP client, the cache and the Ray actor pools, offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+
+QUALITY = {"scripted-good": 2, "scripted-fair": 1}
+
+
+def reply(prompt: str, model: str) -> str:
+    if model in QUALITY:
+        ctx = prompt.split("Contexts:", 1)[-1]
+        first = re.search(r"^\[([^\]]+)\]", ctx.strip(), re.M)
+        cite = f" [{first.group(1)}]" if first and model == "scripted-good" else ""
+        return (f"##Reason: The contexts answer the question{cite}.\n"
+                f"##Answer: See the first context{cite}. QUALITY={QUALITY[model]}")
+    if "Assistant A's Answer]" in prompt:
+        def quality(side: str) -> int:
+            part = prompt.split(f"[The Start of Assistant {side}'s Answer]", 1)[1].split(
+                f"[The End of Assistant {side}'s Answer]", 1)[0]
+            m = re.search(r"QUALITY=(\d)", part)
+            return int(m.group(1)) if m else 0
+        a, b = quality("A"), quality("B")
+        question = prompt.split("[User Question]", 1)[1].split("[Reference Documents]", 1)[0]
+        if int(hashlib.md5(question.strip().encode()).hexdigest(), 16) % 3 == 1:
+            a, b = b, a  # an upset
+        return "Scripted comparison. " + ("[[A]]" if a > b else "[[B]]" if b > a else "[[C]]")
+    if "##Rating" in prompt:
+        return "##Rating: 4 ##Explanation: scripted."
+    return "Score: [[3]] Justification: scripted."
+
+
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    from aiohttp import web
+
+    models = [*QUALITY, "scripted-judge"]
+
+    async def list_models(request):
+        return web.json_response({"object": "list",
+                                  "data": [{"id": m, "object": "model"} for m in models]})
+
+    async def complete(request):
+        body = await request.json()
+        model = body.get("model")
+        if model not in models:
+            return web.json_response({"error": {"message": f"model {model} does not exist"}},
+                                     status=404)
+        prompt = body["messages"][-1]["content"]
+        text = reply(prompt, model)
+        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())}
+        return web.json_response({"id": "scripted", "model": model, "usage": usage, "choices": [
+            {"index": 0, "finish_reason": "stop",
+             "message": {"role": "assistant", "content": text}}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/chat/completions", complete)
+    web.run_app(app, host=host, port=port, print=None)
+
+
+def wait(port: int, timeout: float = 30.0) -> None:
+    """Return once a server answers on the port (the demo starts it in the background)."""
+    import time
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1).read()
+            return
+        except OSError:
+            if time.time() > deadline:
+                raise SystemExit(f"no scripted LLM server on 127.0.0.1:{port}")
+            time.sleep(0.2)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=8977)
+    p.add_argument("--wait", action="store_true", help="only wait until a server answers")
+    args = p.parse_args()
+    wait(args.port) if args.wait else serve(args.port)
+
+
+if __name__ == "__main__":
+    main()
