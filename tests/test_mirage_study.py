@@ -130,7 +130,12 @@ def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
             if m["key"]["scorer"] in ("nli", "reranker"):
                 # the scripted models cite one passage each: one pair per answer
                 assert {r["model"] for r in rows} >= set(STRENGTH)
-                assert all(r["error"] is None and json.loads(r["scores"]) for r in rows)
+                assert all(r["error"] is None and json.loads(r["scores"]) for r in rows
+                           if r["model"] in STRENGTH)
+                # an answer without a valid citation is one counted error row
+                assert all(r["error"] == "no valid citation to score" for r in rows
+                           if r["model"] not in STRENGTH)
+                assert m["scored"]["failed"] == sum(r["model"] not in STRENGTH for r in rows)
         arena = manifests(store, "judge")
         assert len(arena) == 2  # one cell per language: all pairs of the 4 models
         for m in arena:

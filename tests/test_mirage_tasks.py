@@ -606,7 +606,7 @@ def test_feature_inputs_reduce_to_the_direct_formulas():
     assert len(merged) == len(want) > 0
     assert np.allclose(merged["value"].astype(float), merged["value_want"].astype(float),
                        equal_nan=True)
-    nli = M.feature_inputs(opts, "nli", "en", gens)
+    nli = [r for r in M.feature_inputs(opts, "nli", "en", gens) if not r.get("error")]
     assert nli and all(r["premise"] and r["hypothesis"] for r in nli)
     probs = [{"scorer": "nli", "item_id": r["item_id"], "model": r["model"], "lang": "en",
               "scores": {"entailment": 0.7, "neutral": 0.2, "contradiction": 0.1},
@@ -631,3 +631,24 @@ def test_published_score_with_ablations_renders_tables_3_and_4():
     assert "Table 4: surrogate tau by feature set" in md and "| w/o LLM judge |" in md
     assert "Table 3: train / held-out R² by regressor" in md
     assert len(items) == 40  # every judgment, ties and unparsed included
+
+
+def test_feature_inputs_account_for_every_answer():
+    """No citation, a failed generation, an unknown query: one error row each, never a
+    silently missing answer (and never an empty features cell)."""
+    gens, _ = _gens()
+    q = gens[0]["item_id"]
+    extra = [{"item_id": q, "lang": "en", "setting": "rag", "model": "uncited",
+              "output": "##Reason: no brackets ##Answer: none", "error": None},
+             {"item_id": q, "lang": "en", "setting": "rag", "model": "broken",
+              "output": None, "error": "engine: timeout"},
+             {"item_id": "nope", "lang": "en", "setting": "rag", "model": "lost",
+              "output": "x", "error": None}]
+    opts = _study_opts()
+    for scorer in ("nli", "reranker", "lexical", "langid", "llm"):
+        rows = M.feature_inputs(opts, scorer, "en", gens + extra)
+        err = {r["model"]: r.get("error") for r in rows if r.get("error")}
+        assert "engine: timeout" in err["broken"] and "no query nope" in err["lost"], scorer
+        if scorer in ("nli", "reranker"):
+            assert err["uncited"] == "no valid citation to score"
+        assert len({r["input_id"] for r in rows}) == len(rows)

@@ -153,7 +153,8 @@ class FeaturesStage(Stage):
         for c, v in (("study", cell.key["study"]), ("setting", cell.key["setting"]),
                      ("lang", lang), ("scorer", scorer)):
             table = table.append_column(c, pa.array([v] * n, pa.string()))
-        table = table.append_column("error", pa.nulls(n, pa.string()))
+        table = table.append_column("error", pa.array([r.get("error") for r in rows],
+                                                       pa.string()))
         return ray.data.from_arrow(table.append_column(RID, table["input_id"]))
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
@@ -232,6 +233,10 @@ def _lexical(batch: pa.Table, *, module: str, options: list[dict]) -> pa.Table:
     rows = batch.to_pylist()
     scores, errors = [], []
     for r in rows:
+        if r["error"]:
+            scores.append(None)
+            errors.append(r["error"])
+            continue
         try:
             scores.append(mod.lexical_scores(options[r[CELL]], [r])[0])
             errors.append(r["error"])
@@ -284,4 +289,4 @@ def _from_generations(batch: pa.Table) -> pa.Table:
                   "model": [p[1] for p in parts], "scorer": ["llm"] * len(ids),
                   "error": batch["error"], **{c: batch[c] for c in _EXTRA}})
     return _rows(t, [None] * len(ids), outputs=batch["output"].to_pylist(),
-                 cached=batch["cached"].to_pylist(), kinds=[kinds[p[2]] for p in parts])
+                 cached=batch["cached"].to_pylist(), kinds=[kinds.get(p[2]) for p in parts])

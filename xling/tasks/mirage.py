@@ -1289,8 +1289,9 @@ def feature_inputs(opts: Mapping, scorer: str, lang: str, generations: Sequence[
     """What one scorer is asked about a language's generations: rows ``input_id, item_id,
     model`` plus the scorer's inputs (``premise, hypothesis`` for nli; ``query, passage`` for
     reranker; ``text`` for langid; ``prompt`` and ``kind`` for llm; ``output`` for lexical).
-    A generation with nothing to score (no citation, say) has no input row: its feature is
-    missing, as in the reference."""
+    A generation with nothing to score (no citation, a failed generation, an unknown query)
+    is one row with an ``error``: the features stage counts it, and the feature is missing,
+    as in the reference."""
     import json
 
     o = options_of(opts)
@@ -1299,6 +1300,10 @@ def feature_inputs(opts: Mapping, scorer: str, lang: str, generations: Sequence[
     for g in generations:
         it = items.get(str(g["item_id"]))
         if it is None or it["error"] or _failed(g):
+            why = (f"no query {g['item_id']} in {lang}" if it is None else it["error"]
+                   or f"no answer to score: {g.get('error')}")
+            rows.append({"item_id": str(g["item_id"]), "model": g["model"],
+                         "input_id": f"{g['item_id']}|{g['model']}|-", "error": why})
             continue
         q, m, out = it["query_id"], g["model"], g.get("output") or ""
         base = {"item_id": q, "model": m}
@@ -1310,13 +1315,18 @@ def feature_inputs(opts: Mapping, scorer: str, lang: str, generations: Sequence[
                          "qrels": json.dumps(it["qrels"], sort_keys=True), "lang": lang})
         elif scorer == "langid":
             rows.append({**base, "input_id": f"{q}|{m}", "text": langid_text(out, passages)})
-        elif scorer == "nli":
-            rows += [{**base, "input_id": f"{q}|{m}|{i}", **p}
-                     for i, p in enumerate(support_pairs(out, passages, lang, o))]
-        elif scorer == "reranker":
-            rows += [{**base, "input_id": f"{q}|{m}|{p['docid']}", "query": p["query"],
-                      "passage": p["passage"]}
-                     for p in reranker_pairs(out, it["query"], passages, o)]
+        elif scorer in ("nli", "reranker"):
+            if scorer == "nli":
+                got = [{**base, "input_id": f"{q}|{m}|{i}", **p}
+                       for i, p in enumerate(support_pairs(out, passages, lang, o))]
+            else:
+                got = [{**base, "input_id": f"{q}|{m}|{p['docid']}", "query": p["query"],
+                        "passage": p["passage"]}
+                       for p in reranker_pairs(out, it["query"], passages, o)]
+            # nothing cited: a counted error row (the feature is then missing, as in the
+            # reference), so every answer is accounted for and a cell is never empty
+            rows += got or [{**base, "input_id": f"{q}|{m}|-",
+                             "error": "no valid citation to score"}]
         elif scorer == "llm":
             label = overlap_label([(x["model"], x.get("output") or "") for x in generations
                                    if str(x["item_id"]) == q], o)
