@@ -257,6 +257,20 @@ def test_presentation_order_is_balanced():
     assert len({r["query_id"] for r in rows}) == 100 and 0.45 < first < 0.55
 
 
+def test_adding_a_model_keeps_every_existing_pair_prompt():
+    """The arena's cache can answer every old pair only if its prompt is unchanged."""
+    items = [{"query_id": f"q{i}", "query": f"query {i}", "passages": [("d#1", "t")]}
+             for i in range(30)]
+    models = [f"m{i}" for i in range(5)]
+    outputs = {it["query_id"]: {m: f"##Reason: {m} ##Answer: {m}" for m in [*models, "new"]}
+               for it in items}
+    before = {r["item_id"]: r["prompt"] for r in M.pair_prompts(items, outputs, models)}
+    after = {r["item_id"]: r["prompt"]
+             for r in M.pair_prompts(items, outputs, [*models, "new"])}
+    assert set(before) <= set(after) and all(after[k] == v for k, v in before.items())
+    assert len(set(after) - set(before)) == 30 * 5  # only the new model's pairs are new
+
+
 def test_verdict_parser_and_counts():
     assert M.parse_pairwise("Final verdict: [[B]]") == "B"
     assert M.parse_pairwise('Format "[[A]]" ... final verdict [[B]]') == "B"

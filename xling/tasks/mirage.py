@@ -64,6 +64,9 @@ Deviations we chose
   characters, as they are written without spaces.
 * Passages are not re-truncated to 800 tokens (P L166): the published prompts already are.
 * Table 2's tau is computed over all models on score vectors (s6.3, no code published).
+* A pair's presentation order is a seeded coin flip on (query, pair), not a draw from one
+  stream after shuffling the roster: adding a model keeps every old pair's prompt, so the
+  arena's cache answers them (the reference's draws cannot be replayed anyway).
 """
 
 from __future__ import annotations
@@ -606,21 +609,30 @@ def judged_queries(query_ids: Iterable[str], n: int, seed: int) -> list[str]:
     return [ids[i] for i in sorted(pick)]
 
 
+def _coin(seed: int, *parts: str) -> bool:
+    """A seeded coin flip that depends only on ``parts``: the same pair of the same query
+    gets the same order whoever else is in the arena."""
+    import hashlib
+    digest = hashlib.sha256("\x1f".join((str(seed), *parts)).encode()).digest()
+    return digest[0] < 128
+
+
 def pair_prompts(items: Sequence[Mapping], outputs: Mapping[str, Mapping[str, str]],
                  models: Sequence[str], opts: Options = Options()) -> list[dict]:
-    """Every pair of the models that answered, on the seeded query subset; per query the
-    models are shuffled and each pair's presentation order is a coin flip (P L114, s4.3).
+    """Every pair of the models that answered, on the seeded query subset, each pair in a
+    seeded coin-flip presentation order (P L114, s4.3). The flip depends only on the seed,
+    the query and the pair (the reference drew it from one stream after shuffling the
+    roster): adding a model to the arena then leaves every existing pair's prompt as it was,
+    so the cache answers them and only the new pairs are asked.
     ``outputs`` is ``{query_id: {model: output}}``."""
     by_q = {it["query_id"]: it for it in items}
     answered = [q for q in by_q if outputs.get(q)]
-    rng = np.random.default_rng(opts.judge_seed + 1)  # order draws apart from the subset draw
     rows = []
     for q in judged_queries(answered, opts.judge_queries, opts.judge_seed):
         it, outs = by_q[q], outputs[q]
-        present = [m for m in models if m in outs]
-        present = [present[i] for i in rng.permutation(len(present))]
+        present = sorted(m for m in models if m in outs)
         for a, b in combinations(present, 2):
-            if rng.random() < 0.5:
+            if _coin(opts.judge_seed + 1, q, a, b):
                 a, b = b, a
             prompt = pair_prompt(it["query"], it["passages"], judge_answer(outs[a], opts),
                                  judge_answer(outs[b], opts), opts.pairwise_prompt)
