@@ -22,6 +22,7 @@ import pytest
 
 from llm_server import LLMServer
 from test_llm_stages import ok
+from test_studies import manifests
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 
@@ -90,15 +91,6 @@ def overrides(run_root: str, url: str) -> list[str]:
             "batch_size: 16}}",
             "features.llm=" + api.replace("NAME", "pointwise"),
             "judge.judges=[" + api.replace("NAME", "arena") + "]"]
-
-
-def manifests(store: RunStore, stage: str) -> list[dict]:
-    out = []
-    for d in store.list_dirs(stage):
-        m = store.read_json_or_none(f"{stage}/{d}/_manifest.json")
-        if m:
-            out.append({**m, "dir": f"{stage}/{d}"})
-    return out
 
 
 def metric_map(store: RunStore, ev: dict) -> dict:
