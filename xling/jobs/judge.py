@@ -163,8 +163,9 @@ class JudgeStage(LLMStage):
         files = part_files(store, cell.dir)
         t = store.read_parquet(files, columns=["verdict", "cached", "n_prompt_tokens",
                                                "n_output_tokens", "error"])
+        verdicts = {"correct", "incorrect"} if self.scope(cfg) == "generation" else set()
         counts = {v: int(pc.sum(pc.equal(t["verdict"], v)).as_py() or 0)
-                  for v in sorted(set(t["verdict"].drop_null().to_pylist()))}
+                  for v in sorted(verdicts | set(t["verdict"].drop_null().to_pylist()))}
         return {"judgments": {**counts, "failed": int(pc.sum(pc.is_valid(t["error"])).as_py() or 0),
                               "from_cache": int(pc.sum(pc.equal(t["cached"], True)).as_py() or 0),
                               "prompt_tokens": int(pc.sum(t["n_prompt_tokens"]).as_py() or 0),
