@@ -239,3 +239,27 @@ def test_mirage_killed_in_features_and_arena_resumes(tmp_path, s3_env):
     (ev,) = manifests(store, "evaluate")
     mm = metric_map(store, ev)
     assert mm[("en", "s3", "bt_rank")]["value"] == 1
+
+
+def test_mirage_published_layouts_read_from_s3(s3_env):
+    """The hub snapshots copied into the run store (SeaweedFS S3 over HTTP) give the same
+    leaderboards as the local copies."""
+    from xling.tasks import mirage
+
+    prefix = f"mirage-pub-{int(time.time() * 1000)}"
+    store = RunStore(f"s3://xling-test/{prefix}")
+    for f in sorted(DATA.rglob("*.parquet")):
+        store.write_bytes(str(f.relative_to(DATA)), f.read_bytes())
+    common = {"source": "published", "langs": ["en", "sw"], "tournaments": 10, "matches": 4,
+              "held_out": ["google/gemma-1.1-2b-it"]}
+
+    def run(root):
+        o = mirage.check_options({"data": f"{root}/mirage-bench",
+                                  "outputs": f"{root}/mirage-bench-output",
+                                  "judgments": f"{root}/mirage-bench-pairwise-judgments",
+                                  **common})
+        assert all(p.startswith(root.split("/")[0]) for p in mirage.input_files(o))
+        return {(r["lang"], r["model"], r["metric"]): r["value"] for r in mirage.score(o, [], None)[1]}
+
+    got, want = run(f"s3://xling-test/{prefix}"), run(str(DATA))
+    assert got.keys() == want.keys() and got == pytest.approx(want, nan_ok=True)
