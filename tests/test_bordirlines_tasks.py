@@ -1,6 +1,9 @@
 """xling/tasks/bordirlines.py: loaders (real BorderLines files, the hub layout fixture),
 prompts, parsers, option mapping, the BorderLines concurrence scores computed by hand from
-their definitions on real territories, citation/retrieval rates, and the report table."""
+their definitions on real territories, citation/inclusion rates averaged per query, and the
+report table (the paper's Table 4, with the published numbers beside xling's). The prompts'
+wording is checked against the paper in test_bordirlines_prompts.py, the published numbers in
+test_bordirlines_published.py."""
 
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ def bl():
 
 @pytest.fixture(scope="module")
 def opts():
-    return B.check_options({"data": str(FIXTURE), "modes": list(B.MODES),
+    # the fixture's hits are BGE-M3's (one openai file tells the retrievers apart)
+    return B.check_options({"data": str(FIXTURE), "modes": list(B.MODES), "retriever": "m3",
                             "prompts": ["direct", "citation"], "k": 3, "bootstrap": 0})
 
 
@@ -152,8 +156,10 @@ def test_loaders_read_the_hub_layout(opts):
 
 def test_check_options_defaults():
     o = B.check_options({"data": str(FIXTURE)})
-    assert o["retriever"] == "m3" and o["modes"] == ["no_ir", "qlang", "rel_langs"]
-    assert o["prompts"] == ["citation"] and o["k"] == 10 and o["max_doc_words"] == 300
+    # the paper's main results: OpenAI-embedding hits (L123), direct answers (Table 4, L477)
+    assert o["retriever"] == "openai" and o["modes"] == ["no_ir", "qlang", "rel_langs"]
+    assert o["prompts"] == ["direct"] and o["k"] == 10 and o["max_doc_words"] == 300
+    assert o["expected"] is None
     assert o["territories"] == str(PACKAGED)
     assert B.check_options(o) == o  # idempotent
     assert B.check_options({"data": str(FIXTURE), "langs": ["zhs", "ru"]})["langs"] == ["zhs", "ru"]
@@ -172,10 +178,36 @@ def test_check_options_defaults():
     ({"data": str(FIXTURE), "docs": "/nonexistent/docs.json"}, "docs"),
     ({"data": str(FIXTURE), "territories": "/nonexistent"}, "territories"),
     ({"data": str(FIXTURE), "n_hits": 10}, "n_hits"),
+    ({"data": str(FIXTURE), "expected": "/nonexistent/expected.yaml"}, "expected"),
 ])
 def test_check_options_errors(raw, key):
     with pytest.raises(ValueError, match=rf"^study\.options\.{key}: .+; .+"):
         B.check_options(raw)
+
+
+def test_queries_tsv_under_data_as_the_hub_writes_it(tmp_path):
+    # the hub's writer (parse_search_results.py) puts queries.tsv in data/, beside the hits
+    shutil.copytree(FIXTURE / "data", tmp_path / "data")
+    shutil.copy(FIXTURE / "queries.tsv", tmp_path / "data" / "queries.tsv")
+    shutil.copy(FIXTURE / "docs.json", tmp_path / "data" / "all_docs.json")
+    o = B.check_options({"data": str(tmp_path), "retriever": "m3", "k": 3, "bootstrap": 0})
+    assert len(B.load_queries(tmp_path)) == 11
+    assert o["docs"] == str((tmp_path / "data" / "all_docs.json").resolve())
+    rows = B.build_prompts(o, "qlang-direct", "ru")
+    assert rows[0]["error"] is None and "Document: 0\nText: " in rows[0]["prompt"][1]["content"]
+    assert str((tmp_path / "data" / "queries.tsv").resolve()) in B.input_files(o)
+
+
+def test_openai_hits_are_read_from_the_hub_layout(tmp_path):
+    # the default retriever reads data/<lang>/openai/<mode>/<lang>_query_hits.tsv
+    o = B.check_options({"data": str(FIXTURE), "modes": ["qlang"], "k": 3, "bootstrap": 0,
+                         "langs": ["ru"]})
+    assert o["retriever"] == "openai"
+    rows = {r["item_id"]: r for r in B.build_prompts(o, "qlang-direct", "ru")}
+    assert rows["Crimea_ru"]["prompt"][1]["content"].startswith(
+        "Document: 0\nText: В 2014 году")
+    assert rows["Donetsk_Oblast_ru"]["error"] == "no openai qlang hits for Donetsk_Oblast_ru"
+    assert any("/ru/openai/qlang/" in f for f in B.input_files(o))
 
 
 def test_docs_required_only_for_retrieval_modes(tmp_path):
@@ -227,27 +259,31 @@ def test_prompt_contents(opts):
     rows = {r["item_id"]: r for r in B.build_prompts(opts, "rel_langs-citation", "zhs")}
     system, user = rows["Abagaitu_Islet_zhs"]["prompt"]
     assert system["role"] == "system" and user["role"] == "user"
-    assert "<doc1>\n阿巴盖图岛是额尔古纳河上的一个小岛。" in user["content"]
-    assert "<doc3>\nОстров Абагайту" in user["content"]
-    assert "<doc4>" not in user["content"]
+    assert system["content"] == B.PROMPT_TEMPLATES["citation_system"]
+    # documents numbered from 0, as in the paper (Table 5: "Document: 0 Text: ...")
+    assert "Document: 0\nText: 阿巴盖图岛是额尔古纳河上的一个小岛。" in user["content"]
+    assert "Document: 2\nText: Остров Абагайту" in user["content"]
+    assert "Document: 3" not in user["content"]
     for label in ("Cited Documents:", "Chosen Option:", "Explanation:"):
         assert label in user["content"]
-    assert "A) 中华人民共和国\nB) 俄罗斯\nC) 中华民国" in user["content"]
-    assert "Query: 阿巴盖图岛 是" in user["content"]
+    assert "Options:\nA) 中华人民共和国\nB) 俄罗斯\nC) 中华民国" in user["content"]
+    assert user["content"].startswith("Query: 阿巴盖图岛 是")
     # a query without hits in the mode is an error row, not dropped
     assert rows["Taiwan_zhs"]["prompt"] is None
     assert rows["Taiwan_zhs"]["error"] == "no m3 rel_langs hits for Taiwan_zhs"
 
-    no_ir = B.build_prompts(opts, "no_ir-direct", "ru")[0]["prompt"][1]["content"]
-    assert "<doc" not in no_ir and "your prior knowledge" in no_ir
+    no_ir = B.build_prompts(opts, "no_ir-direct", "ru")[0]["prompt"]
+    assert no_ir[0] == {"role": "system", "content": B.SYSTEM_PROMPT}
+    no_ir = no_ir[1]["content"]
+    assert "Document:" not in no_ir and "Considering your prior knowledge," in no_ir
     assert no_ir.rstrip().endswith("Answer:") and "A) Россия\nB) Украина" in no_ir
     # k caps the passages; qlang_en adds the English ones after the query language's
     qe = B.build_prompts(opts, "qlang_en-direct", "ru")[0]["prompt"][1]["content"]
-    assert "<doc3>\nCrimea is a peninsula" in qe and "<doc4>" not in qe
+    assert "Document: 2\nText: Crimea is a peninsula" in qe and "Document: 3" not in qe
     # the retriever option picks the hits folder
     o = {**opts, "retriever": "openai"}
     rows = B.build_prompts(o, "qlang-direct", "ru")
-    assert "<doc1>\nВ 2014 году" in rows[0]["prompt"][1]["content"]
+    assert "Document: 0\nText: В 2014 году" in rows[0]["prompt"][1]["content"]
     assert rows[1]["error"] == "no openai qlang hits for Donetsk_Oblast_ru"
     with pytest.raises(ValueError):
         B.build_prompts(opts, "no_ir-citation", "ru")
@@ -258,13 +294,14 @@ def test_prompt_contents(opts):
 def test_swap_mode(opts):
     # swap: the qlang passages of the next claimant language's query of the territory
     ru = {r["item_id"]: r for r in B.build_prompts(opts, "swap-direct", "ru")}
-    assert "<doc1>\nКрим — півострів" in ru["Crimea_ru"]["prompt"][1]["content"]
+    assert "Document: 0\nText: Крим — півострів" in ru["Crimea_ru"]["prompt"][1]["content"]
     assert "Является ли Крым" in ru["Crimea_ru"]["prompt"][1]["content"]  # own query
     uk = {r["item_id"]: r for r in B.build_prompts(opts, "swap-direct", "uk")}
-    assert "<doc1>\nКрым — полуостров" in uk["Crimea_uk"]["prompt"][1]["content"]
+    assert "Document: 0\nText: Крым — полуостров" in uk["Crimea_uk"]["prompt"][1]["content"]
     zhs = {r["item_id"]: r for r in B.build_prompts(opts, "swap-direct", "zhs")}
     # Abagaitu Islet: claimant languages zhs, ru, zht; the fixture has zhs and ru queries
-    assert "<doc1>\nОстров Абагайту" in zhs["Abagaitu_Islet_zhs"]["prompt"][1]["content"]
+    assert "Document: 0\nText: Остров Абагайту" in zhs["Abagaitu_Islet_zhs"]["prompt"][1][
+        "content"]
     assert "only one claimant language" in zhs["Taiwan_zhs"]["error"]
     en = B.build_prompts(opts, "swap-direct", "en")
     assert all("not a claimant language" in r["error"] for r in en)
@@ -277,10 +314,10 @@ def test_truncation_and_translations(opts):
     assert B.truncate_words("x " * 5, None) == "x " * 5
     o = {**opts, "max_doc_words": 3}
     user = B.build_prompts(o, "en-direct", "uk")[0]["prompt"][1]["content"]
-    assert "<doc1>\nCrimea is a ...\n</doc1>" in user
+    assert "Document: 0\nText: Crimea is a ...\n\nDocument: 1" in user
     tr = {"crimea_uk_0": "Crimea is a peninsula (translated)"}
     user = B.build_prompts(opts, "qlang-direct", "uk", translations=tr)[0]["prompt"][1]["content"]
-    assert "<doc1>\nCrimea is a peninsula (translated)" in user
+    assert "Document: 0\nText: Crimea is a peninsula (translated)" in user
     rows = [{"id": "Crimea_uk", "kind": "query", "text": "Is Crimea Ukrainian?"}]
     user = B.build_prompts(opts, "no_ir-direct", "uk", translations=rows)[0]["prompt"][1]["content"]
     assert "Query: Is Crimea Ukrainian?" in user
@@ -559,61 +596,154 @@ def test_bootstrap_intervals(tmp_path, bl):
     assert (again["ci_low"], again["ci_high"]) == (c["ci_low"], c["ci_high"])  # seeded
 
 
-def test_citation_and_retrieval_rates(opts):
+def test_citation_and_inclusion_rates_are_averaged_per_query(opts):
+    # The paper (L140-142): per query, nr(l) = share of the prompt's documents in l and
+    # cr(l) = share of the cited ones in l; "We assign a cr and nr to a language by averaging
+    # over all its queries". Ids count from 0, as the prompt numbers the documents.
     cite = B.parse_citation
+    s = "rel_langs-citation"
     gens = [
-        # shown (rel_langs, k=3): abagaitu_zhs_0 (zhs), abagaitu_zhs_1 (zhs), abagaitu_ru_0 (ru)
-        gen("Abagaitu Islet", "zhs", "Cited Documents: <doc3>\nChosen Option: B) 俄罗斯\n"
-            "Explanation: because <doc3>.", setting="rel_langs-citation", parser=cite),
-        # shown: crimea_ru_0 (ru), crimea_ru_1 (ru), crimea_uk_0 (uk)
-        gen("Crimea", "ru", "Cited Documents: 1, 3\nChosen Option: A) Россия\n"
-            "Explanation: because <doc1> and <doc9>.", setting="rel_langs-citation", parser=cite),
-        # a failed generation: not counted in the rates
-        gen("Crimea", "uk", "", setting="rel_langs-citation", error="HTTP 500"),
+        # shown (rel_langs, k=3): crimea_ru_0 (ru), crimea_ru_1 (ru), crimea_uk_0 (uk);
+        # cites 0 and 2 (doc 7 does not exist): cr ru 1/2, uk 1/2; nr ru 2/3, uk 1/3
+        gen("Crimea", "ru", "Cited Documents: 0, 2\nChosen Option: A) Россия\n"
+            "Explanation: because <doc2> and <doc7>.", setting=s, parser=cite),
+        # shown: donetsk_ru_0 (ru), donetsk_uk_0 (uk); cites 1: cr uk 1; nr ru 1/2, uk 1/2
+        gen("Donetsk Oblast", "ru", "Cited Documents: 1\nChosen Option: B) Украина\n"
+            "Explanation: because <doc1>.", setting=s, parser=cite),
+        # shown: abagaitu_zhs_0, abagaitu_zhs_1 (zhs), abagaitu_ru_0 (ru); cites all three:
+        # cr zhs 2/3, ru 1/3; nr the same
+        gen("Abagaitu Islet", "ru", "Cited Documents: 0, 1, 2\nChosen Option: B) Россия\n"
+            "Explanation: because <doc0>.", setting=s, parser=cite),
+        # cites only an id beyond the 3 shown: no valid citation, left out of the rates
+        gen("Abagaitu Islet", "zhs", "Cited Documents: 5\nChosen Option: B) 俄罗斯\n"
+            "Explanation: because.", setting=s, parser=cite),
+        # cites in the explanation only: <doc0> of [ru, ru, uk]
+        gen("Crimea", "en", "Chosen Option: A) Russia\nExplanation: because <doc0>.",
+            setting=s, parser=cite),
+        # a failed generation: not counted
+        gen("Crimea", "uk", "", setting=s, error="HTTP 500"),
     ]
     items, metrics = B.score(opts, gens)
-    m = metric_map(metrics, setting="rel_langs-citation")
-    # shown: zhs 2, ru 1 + 2 = 3, uk 1 -> 6 passages
-    assert m["retrieval_rate:zhs"]["value"] == pytest.approx(2 / 6)
-    assert m["retrieval_rate:ru"]["value"] == pytest.approx(3 / 6)
-    assert m["retrieval_rate:uk"]["value"] == pytest.approx(1 / 6)
-    assert m["retrieval_rate:ru"]["n"] == 6
-    # cited: doc3 of Abagaitu (ru); docs 1 (ru) and 3 (uk) of Crimea; <doc9> is out of range
-    assert m["citation_rate:ru"]["value"] == pytest.approx(2 / 3)
-    assert m["citation_rate:uk"]["value"] == pytest.approx(1 / 3)
-    assert m["citation_rate:zhs"]["value"] == 0.0 and m["citation_rate:ru"]["n"] == 3
-    assert m["invalid_citations"]["value"] == 1
-    zhs = metric_map(metrics, setting="rel_langs-citation", lang="zhs")
-    assert zhs["citation_rate:ru"]["value"] == 1.0
-    assert zhs["retrieval_rate:zhs"]["value"] == pytest.approx(2 / 3)
+    ru = metric_map(metrics, setting=s, lang="ru")
+    # per-query means over the 3 ru queries
+    assert ru["citation_rate:ru"]["value"] == pytest.approx((1 / 2 + 0 + 1 / 3) / 3)  # 5/18
+    assert ru["citation_rate:uk"]["value"] == pytest.approx((1 / 2 + 1 + 0) / 3)  # 1/2
+    assert ru["citation_rate:zhs"]["value"] == pytest.approx((0 + 0 + 2 / 3) / 3)  # 2/9
+    assert ru["inclusion_rate:ru"]["value"] == pytest.approx((2 / 3 + 1 / 2 + 1 / 3) / 3)
+    assert ru["inclusion_rate:uk"]["value"] == pytest.approx((1 / 3 + 1 / 2 + 0) / 3)  # 5/18
+    assert ru["inclusion_rate:zhs"]["value"] == pytest.approx(2 / 9)
+    # pooled counts would give cr(ru) = 2/6 and nr(uk) = 2/8: not the paper's definition
+    assert ru["citation_rate:ru"]["value"] != pytest.approx(2 / 6)
+    assert ru["inclusion_rate:uk"]["value"] != pytest.approx(2 / 8)
+    # the query language's own documents (Fig. 4)
+    assert ru["citation_rate:qlang"]["value"] == pytest.approx(5 / 18)
+    assert ru["inclusion_rate:qlang"]["value"] == pytest.approx(1 / 2)
+    assert ru["citation_rate:qlang"]["n"] == 3
+    assert ru["invalid_citations"]["value"] == 1 and ru["no_citations"]["value"] == 0
+    zhs = metric_map(metrics, setting=s, lang="zhs")
+    assert zhs["no_citations"]["value"] == 1 and zhs["invalid_citations"]["value"] == 1
+    assert "citation_rate:qlang" not in zhs
+    en = metric_map(metrics, setting=s, lang="en")
+    assert en["citation_rate:ru"]["value"] == 1.0 and en["citation_rate:qlang"]["value"] == 0.0
+    assert en["inclusion_rate:ru"]["value"] == pytest.approx(2 / 3)
+    # "all": the query languages' own rates averaged over the languages (ru, en)
+    m = metric_map(metrics, setting=s)
+    assert m["citation_rate:qlang"]["value"] == pytest.approx((5 / 18 + 0) / 2)
+    assert m["inclusion_rate:qlang"]["value"] == pytest.approx((1 / 2 + 0) / 2)
+    assert m["citation_rate:qlang"]["n"] == 2
+    assert m["no_citations"]["value"] == 1 and m["no_citations"]["n"] == 5
     assert m["errors"]["value"] == 1
     assert {i["item_id"]: i["claimant"] for i in items} == {
-        "Abagaitu_Islet_zhs": "Russia", "Crimea_ru": "Russia", "Crimea_uk": None}
+        "Crimea_ru": "Russia", "Donetsk_Oblast_ru": "Ukraine", "Abagaitu_Islet_ru": "Russia",
+        "Abagaitu_Islet_zhs": "Russia", "Crimea_en": "Russia", "Crimea_uk": None}
 
 
 # --------------------------------------------------------------------------------------
 # Report table
 # --------------------------------------------------------------------------------------
 
+EXPECTED = Path(__file__).resolve().parents[1] / "configs" / "bordirlines.expected.yaml"
 
-def test_tables(tmp_path, bl):
+
+def test_tables_have_the_shape_of_table_4(tmp_path, bl):
     o = make_data(tmp_path, bl, [("Crimea", "en"), ("Crimea", "ru"), ("Crimea", "uk")])
     gens = []
-    for setting in ("no_ir-direct", "qlang-citation", "rel_langs-citation", "qlang-direct"):
-        for lang, out in (("en", "A) Russia"), ("ru", "A) Россия"), ("uk", "B) Україна")):
-            text = f"Cited Documents: <doc1>\nChosen Option: {out}\nExplanation: because"
-            gens.append(gen("Crimea", lang, text if "citation" in setting else out,
-                            setting=setting, model="llama", parser=B.parse_citation
-                            if "citation" in setting else None))
+    for model in ("llama", "gpt-4o"):
+        for setting in ("no_ir-direct", "qlang-citation", "rel_langs-citation", "qlang-direct"):
+            for lang, out in (("en", "A) Russia"), ("ru", "A) Россия"), ("uk", "B) Україна")):
+                text = f"Cited Documents: 0\nChosen Option: {out}\nExplanation: because"
+                gens.append(gen("Crimea", lang, text if "citation" in setting else out,
+                                setting=setting, model=model, parser=B.parse_citation
+                                if "citation" in setting else None))
     _, metrics = B.score(o, gens)
     md = B.tables(metrics)
-    header = next(line for line in md.splitlines() if line.startswith("| model"))
-    for mode in ("no_ir", "qlang", "rel_langs"):
-        assert f"KB: {mode}" in header and f"ΔCS: {mode}" in header and f"Cst: {mode}" in header
-    assert header.index("KB: no_ir") < header.index("KB: qlang") < header.index("KB: rel_langs")
-    rows = [line for line in md.splitlines() if line.startswith("| llama")]
-    assert any("| llama | citation | 100.0 | 100.0 | 100.0 |" in r for r in rows)
-    assert any(r.startswith("| llama | direct |") for r in rows)
-    # KB 100, Con 100, Non 0, ΔCS undefined (Non = 0), Cst 0
+    lines = md.splitlines()
+    header = "| model | IR mode | KB CS | Con CS | Non CS | ΔCS | ΔCS abs | Cst CS (unk) | " \
+             "Cst CS (all) | # Country, mean | # Country, std dev |"
+    assert lines.count(header) == 2  # the direct prompt's Table 4, then the citation prompt's
+    direct = md.split("citation prompt")[0]
+    # rows model x mode, in the paper's mode order, after the RANDOM row; one territory:
+    # KB 100, Con 100, Non 0, ΔCS undefined (Non = 0), ΔCS abs 100, Cst 0, 2 countries
+    rows = [x for x in direct.splitlines() if x.startswith("| ")][1:]
+    assert [r.split(" | ")[:2] for r in rows] == [
+        ["| ", "RANDOM"], ["| llama", "no_ir"], ["| llama", "qlang"],
+        ["| gpt-4o", "no_ir"], ["| gpt-4o", "qlang"]]
+    assert rows[1] == "| llama | no_ir | 100.0 | 100.0 | 0.0 | – | 100.0 | – | 0.0 | 2.000 | – |"
+    # RANDOM: Crimea has 2 claimants -> 50 everywhere it is defined
+    assert rows[0].startswith("|  | RANDOM | 50.0 | 50.0 | 50.0 | 0.0 | 0.0 | – | 50.0 |")
+    assert "### BordIRLines concurrence scores, citation prompt" in md
+    citation = md.split("citation prompt")[1].split("###")[0]
+    assert "| llama | rel_langs |" in citation and "| llama | no_ir |" in citation
     assert "Answers left out of the CS metrics" in md
+    assert not any("; " in r for r in rows)  # no published numbers without "expected"
     assert B.tables([]) == "_No BordIRLines metrics._\n"
+
+
+def test_tables_show_published_numbers_beside_ours(tmp_path, bl):
+    o = make_data(tmp_path, bl, [("Crimea", "en"), ("Crimea", "ru"), ("Crimea", "uk")])
+    gens = [gen("Crimea", lang, out, setting=setting, model=model)
+            for model in ("gpt-4o", "qwen")
+            for setting in ("no_ir-direct", "qlang-direct")
+            for lang, out in (("en", "A"), ("ru", "A"), ("uk", "B"))]
+    _, metrics = B.score(o, gens)
+    opts = {**o, "expected": str(EXPECTED), "retriever": "openai"}
+    md = B.tables(metrics, options=opts)
+    row = {tuple(x.split(" | ")[:2]): x for x in md.splitlines() if x.startswith("| ")}
+    # GPT-4o no_ir (paper L468: KB 77.0, Con 77.4, Non 67.7, ΔCS 14.3, ΔCS abs 9.7, ...):
+    # ours (paper; ours - paper)
+    gpt = row[("| gpt-4o", "no_ir")]
+    assert "| 100.0 (77.0; +23.0) | 100.0 (77.4; +22.6) | 0.0 (67.7; -67.7) | – (14.3; –) | " \
+           "100.0 (9.7; +90.3) |" in gpt
+    assert gpt.endswith("| 2.000 (1.167; +0.833) | – (0.374; –) |")
+    assert "(81.4; " in row[("| gpt-4o", "qlang")]  # openai retrieval: qlang compares too
+    # a model the paper did not run: ours only
+    assert "(" not in row[("| qwen", "no_ir")] and "(" not in row[("| qwen", "qlang")]
+    assert "|  | RANDOM | 50.0 (43.5; +6.5) |" in md
+    assert "Published numbers:" in md
+    # BGE-M3 hits are not the paper's: only no_ir (no retrieval) still compares
+    md = B.tables(metrics, options={**opts, "retriever": "m3"})
+    row = {tuple(x.split(" | ")[:2]): x for x in md.splitlines() if x.startswith("| ")}
+    assert "(77.0; +23.0)" in row[("| gpt-4o", "no_ir")]
+    assert "(" not in row[("| gpt-4o", "qlang")]
+    # the citation prompt's scores are not Table 4's
+    gens = [gen("Crimea", lang, f"Cited Documents: 0\nChosen Option: {out}\nExplanation: x",
+                setting="qlang-citation", model="gpt-4o", parser=B.parse_citation)
+            for lang, out in (("en", "A"), ("ru", "A"), ("uk", "B"))]
+    md = B.tables(B.score(o, gens)[1], options=opts)
+    cit = md.split("citation prompt")[1].split("###")[0]
+    (qlang,) = [x for x in cit.splitlines() if x.startswith("| gpt-4o | qlang |")]
+    assert "(" not in qlang
+
+
+def test_citation_table_beside_the_papers_fig4_numbers(opts):
+    cite = B.parse_citation
+    gens = [gen("Crimea", "en", "Cited Documents: 0, 1\nChosen Option: A) Russia\n"
+                "Explanation: because <doc0>.", setting="rel_langs-citation", model="gpt-4o",
+                parser=cite)]
+    _, metrics = B.score(opts, gens)
+    # the fixture's hits stand in for the hub's openai ones here
+    md = B.tables(metrics, options={**opts, "expected": str(EXPECTED), "retriever": "openai"})
+    (en,) = [x for x in md.splitlines() if x.startswith("| gpt-4o | rel_langs-citation | en |")]
+    # no English passage among the 3 shown ([ru, ru, uk]): cr(en) = nr(en) = 0; the paper's
+    # GPT-4o rel_langs English queries: cr 94.8, nr 93.9 (L196)
+    assert "| 0.0 (94.8; -94.8) | 0.0 (93.9; -93.9) | 1 queries | 0 of 1 |" in en

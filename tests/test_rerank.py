@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from xling.tasks import irmetrics
-from xling.tasks.rerank import (Candidates, listwise_rerank, listwise_windows, n_listwise_calls,
-                                n_pairwise_calls_bound, pairwise_rerank, parse_choice,
-                                parse_permutation)
+from xling.tasks.rerank import (Candidates, fit_listwise, listwise_prompt, listwise_rerank,
+                                listwise_windows, n_listwise_calls, n_pairwise_calls_bound,
+                                pairwise_prompt, pairwise_rerank, parse_choice,
+                                parse_passage_token, parse_permutation)
 from xling.tasks.runs import hits_table
 from xling.tasks.topics import iter_qrels
 
@@ -63,7 +64,7 @@ class ScriptedJudge:
     def answer(self, text):
         qid = re.search(r"query:? \"?query (\S+?)\"?[.,]", text).group(1)
         if "Passage A:" in text:
-            a, b = re.findall(r'Passage [AB]: "passage about (.+?)"', text)
+            a, b = re.findall(r'^Passage [AB]: "?passage about (.+?)"?$', text, re.MULTILINE)
             return "Passage B" if self.rel(qid, b) > self.rel(qid, a) else "Passage A"
         ids = re.findall(r"^\[(\d+)\] passage about (.+)$", text, re.MULTILINE)
         ranked = sorted(ids, key=lambda x: -self.rel(qid, x[1]))  # stable: ties keep order
@@ -164,3 +165,46 @@ def test_malformed_and_failed_outputs_are_counted_and_harmless():
     assert out.doc_ids == docs and out.calls == 2 * 29
     out = pairwise_rerank([q], lambda ps: ["no idea"] * len(ps), passes=3)[0]
     assert out.doc_ids == docs and out.unparseable == out.calls == 58
+
+
+def test_prp_restores_the_first_stage_order_below_the_top_k():
+    """llm-rankers (LLM-CLIR's PRP): the sorted top-k, then the rest in first-stage order."""
+    docs = [f"d{k}" for k in range(12)]
+    qrels = {"q": {"d11": 2, "d10": 1}}
+    q = Candidates("q", "query q", docs, [f"passage about {d}" for d in docs])
+    out = pairwise_rerank([q], ScriptedJudge(qrels), passes=2)[0]
+    assert out.doc_ids == ["d11", "d10", *docs[:10]]
+    bubbled = pairwise_rerank([q], ScriptedJudge(qrels), passes=2, restore_tail=False)[0]
+    assert bubbled.doc_ids[:2] == ["d11", "d10"] and sorted(bubbled.doc_ids) == sorted(docs)
+    # With the llm-rankers prompt and one-token answers (" Passage:" then "A"/"B"/junk).
+    judge = ScriptedJudge(qrels)
+    token = lambda ps: [judge.answer(p[-1]["content"]).split()[-1].lower() for p in ps]
+    out = pairwise_rerank([q], token, passes=2, parse=parse_passage_token,
+                          prompt=lambda a, b, c: pairwise_prompt(a, b, c, "llm_rankers"))[0]
+    assert out.doc_ids == ["d11", "d10", *docs[:10]] and out.unparseable == 0
+    assert parse_passage_token(" B") == "B" and parse_passage_token("x") is None
+
+
+def test_listwise_shrinks_passages_to_fit_the_context():
+    """rank_llm: a window longer than the context has every passage cut until it fits."""
+    words = lambda p: sum(len(m["content"].split()) for m in p)  # 1 token = 1 word here
+    cut = lambda texts, n: [" ".join(t.split()[:n]) for t in texts]
+    passages = [" ".join(f"w{k}" for k in range(256))] * 20
+    budget = 4096 - 120
+    prompt, shrunk_to = fit_listwise("q", passages, n_tokens=words, budget=budget,
+                                     truncate=cut, limit=256)
+    assert words(listwise_prompt("q", passages)) > budget >= words(prompt)
+    assert shrunk_to is not None and 150 < shrunk_to < 256
+    assert words(listwise_prompt("q", cut(passages, shrunk_to + 1))) > budget  # no more cut than needed
+    short, none = fit_listwise("q", passages[:2], n_tokens=words, budget=budget, truncate=cut,
+                               limit=256)
+    assert none is None and short == listwise_prompt("q", passages[:2])
+    qrels = {"q": {"d3": 1}}
+    q = Candidates("q", "query q", [f"d{k}" for k in range(20)],
+                   [f"passage about d{k} " + "x " * 300 for k in range(20)])
+    fit = lambda query, texts: fit_listwise(query, texts, n_tokens=words, budget=budget,
+                                            truncate=cut, limit=400)
+    judge = ScriptedJudge(qrels)
+    out = listwise_rerank([q], lambda ps: [judge.answer(p[-1]["content"].replace(" x", ""))
+                                           for p in ps], fit=fit)[0]
+    assert out.shrunk == 1 and out.doc_ids[0] == "d3"

@@ -34,9 +34,9 @@ def manifests(store: RunStore, stage: str) -> list[dict]:
 
 
 def bordirlines_reply(prompt: str) -> str:
-    """A scripted model that always picks option A and cites the first passage."""
-    if "<doc1>" in prompt and "Cited Documents" in prompt:
-        return "Cited Documents: <doc1>\nChosen Option: A\nExplanation: as <doc1> says."
+    """A scripted model that always picks option A and cites the first passage (id 0)."""
+    if "Document: 0" in prompt and "Cited Documents" in prompt:
+        return "Cited Documents: 0\nChosen Option: A\nExplanation: as <doc0> says."
     return "A"
 
 
@@ -50,6 +50,7 @@ def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
             f"run_root={run_root}", "ray.num_cpus=2",
             f"study.options.data={ROOT}/tests/data/bordirlines", "study.options.bootstrap=0",
             "study.options.prompts=[direct,citation]",
+            "study.options.retriever=m3",  # the fixture's hits are BGE-M3's
             "generate.sampling.max_tokens=16",
             "generate.models=[{name: tiny, " + ", ".join(
                 line.strip() for line in VLLM.splitlines()).replace("# the tiny checkpoint's "
@@ -87,10 +88,12 @@ def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
     assert m[("tiny", "qlang-direct", "all", "unmapped")] + m[
         ("tiny", "qlang-direct", "all", "errors")] >= 1
     table = store.read_bytes(f"{ev['dir']}/table.md").decode()
-    header = next(line for line in table.splitlines() if line.startswith("| model"))
+    # Table 4's shape: rows model x IR mode, the published numbers beside no_ir's (the fixture
+    # is m3's, so only no_ir compares) for a model the paper ran; neither model is one here
     for mode in ("no_ir", "qlang", "rel_langs"):
-        assert f"KB: {mode}" in header
-    assert "## Results" in out and "KB: rel_langs" in out  # the report prints the table
+        assert f"| scripted | {mode} |" in table
+    assert "| RANDOM |" in table and "ΔCS abs" in table and "# Country, std dev" in table
+    assert "## Results" in out and "| scripted | rel_langs |" in out  # the report prints it
     # A rerun does nothing: every cell is done, nothing is generated again.
     again = ok("run", "--config", str(cfg), *overrides[:-1],
                "generate.models=[{name: tiny, backend: vllm, model: tiny:llama_chat, "
@@ -99,18 +102,38 @@ def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
     assert "done earlier, skipped" in again or "skipped" in again
 
 
+def _x_supporting_texts() -> set[str]:
+    from xling.tasks.xrag import load_items
+
+    return {a["text"] for it in load_items(f"{ROOT}/tests/data/xrag/xrag.test.jsonl")
+            for a in it["articles"] if a["supporting"] and a["lang"] != "en"}
+
+
+X_SUPPORTING = _x_supporting_texts()
+
+
 def xrag_reply(prompt: str) -> str:
-    """A scripted model behind the OpenAI-compatible server. As a judge it calls every answer
-    correct (in a fenced JSON verdict, which the parser must tolerate); as a generator it
-    answers with the question itself, so the answer is in the question's language (and in
-    English where the setting asks the question in English)."""
-    if prompt.startswith("You are judging"):
-        return '```json\n{"verdict": "correct", "reason": "scripted"}\n```'
-    q = re.search(r"Question: (.*)", prompt).group(1)
+    """A scripted model behind the OpenAI-compatible server. As a judge (the paper's Figure
+    20) it calls every answer correct except "None" and "unknown", in a fenced JSON with the
+    paper's `justification` and `answer` keys (which the parser must read). As a generator it
+    abstains without articles (Figure 19's <answer>None</answer>), answers "unknown" when it
+    sees a supporting article that is not in English, and otherwise answers with the
+    question itself, so the answer is in the question's language."""
+    if prompt.startswith("You are an AI assistant tasked with result evaluation"):
+        pred = re.search(r"<generated_answer> (.*?) </generated_answer>", prompt, re.S).group(1)
+        verdict = "incorrect" if pred in ("None", "unknown") else "correct"
+        return f'```json\n{{"justification": "scripted", "answer": "{verdict}"}}\n```'
+    q = re.search(r"<question> (.*?) </question>", prompt, re.S).group(1)
+    if "<articles>" not in prompt:
+        return "<answer>None</answer>"
+    if any(t in prompt for t in X_SUPPORTING):
+        return "Some reasoning first.\n<answer>unknown</answer>"
     return f"Some reasoning first.\n<answer>{q}</answer>"
 
 
-XRAG_SETTINGS = "[mono, mono_en, multi_en_x, multi_es, no_retrieval, oracle]"
+# Table 6's rows (multi, multi_eq, multi_eq_es, multi_en_x), Table 4's mono, Table 3's
+# no_retrieval: the scripted model answers only where the supporting articles are English.
+XRAG_SETTINGS = "[mono, multi, multi_eq, multi_eq_es, multi_en_x, no_retrieval]"
 
 
 def xrag_overrides(run_root: str, server_url: str) -> list[str]:
@@ -147,49 +170,51 @@ def test_xrag_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
     assert len(gens) == 6 * 2 * 2  # settings x langs x models
     judged = manifests(store, "judge")
     assert len(judged) == len(gens) * 3
-    # multi_en_x read the translate stage's English articles: real prompts, no error rows.
-    en_x = [m for m in gens if m["key"]["setting"] == "multi_en_x" and m["key"]["model"] == "scripted"]
-    assert en_x and all(m["errors"] == 0 and m["rows"] == 3 for m in en_x)
+    # multi_en_x and multi_eq_es read the translate stage's English articles: real prompts.
+    en_x = [m for m in gens if m["key"]["setting"] in ("multi_en_x", "multi_eq_es")
+            and m["key"]["model"] == "scripted"]
+    assert len(en_x) == 4 and all(m["errors"] == 0 and m["rows"] == 3 for m in en_x)
     rows = read_cell(store, en_x[0]["dir"]).to_pylist()
-    assert all("Article 1" in r["prompt"] for r in rows)
+    assert all("<text_1>" in r["prompt"] for r in rows)
     # The tiny model writes no <answer> tag: error rows, and nothing for the judges to judge.
     tiny = [m for m in gens if m["key"]["model"] == "tiny"]
     assert all(m["errors"] == m["rows"] for m in tiny)
-    # Judgments of the scripted answers: the API judge's fenced JSON parsed; the tiny judges'
-    # garbage is an error row each, recorded with its raw output.
+    # Judgments of the scripted answers: the API judge's fenced Figure 20 JSON parsed; the
+    # tiny judges' garbage is an error row each, recorded with its raw output.
     by_judge: dict[str, list] = {}
     for m in judged:
         if m["key"]["model"] == "scripted":
             by_judge.setdefault(m["key"]["judge"], []).extend(read_cell(store, m["dir"]).to_pylist())
-    assert {r["verdict"] for r in by_judge["judge-api"]} == {"correct"}
+    assert {r["verdict"] for r in by_judge["judge-api"]} == {"correct", "incorrect"}
     for j in ("judge-a", "judge-b"):
         bad = [r for r in by_judge[j] if r["verdict"] is None]
         assert bad and all(r["error"] and r["raw"] is not None for r in bad)
         assert all(r["n_output_tokens"] for r in by_judge[j])
     (ev,) = manifests(store, "evaluate")
     assert ev["language_check"]["languages"] == ["CHINESE", "ENGLISH", "GERMAN"]
+    # prompts cut to fit max_model_len: counted in the generate and evaluate manifests
+    assert ev["items"]["truncated"] == sum(m["generations"]["truncated"] for m in gens)
     items = store.read_parquet([f"{ev['dir']}/items.parquet"]).to_pylist()
     scripted = {(i["setting"], i["lang"], i["item_id"]): i for i in items if i["model"] == "scripted"}
     # The vote is over the valid judges only (the API judge here), and their number is kept.
     assert {i["n_valid_judges"] for i in scripted.values()} == {1}
-    # Echoing a German question is correct in German settings, and wrong in multi_es,
-    # which asks for an English answer: the language check ANDs with the vote.
-    mono = [i for k, i in scripted.items() if k[0] == "mono" and k[1] == "de"]
-    assert mono and all(i["verdict"] for i in mono)
-    es = [i for k, i in scripted.items() if k[0] == "multi_es" and k[1] == "de"]
-    assert es and not any(i["verdict"] for i in es)
     metrics = store.read_parquet([f"{ev['dir']}/part-00000.parquet"]).to_pylist()
     m = {(r["model"], r["setting"], r["lang"], r["metric"]): r["value"] for r in metrics}
-    assert m[("scripted", "mono", "de", "accuracy")] == 100.0
+    # Table 6 on the scripted model: right only once the supporting articles are English
+    # (+EQ, +ES and MonoRAG), and in the question's language (English from +EQ on).
+    for setting, want in (("mono", 100.0), ("multi", 0.0), ("multi_eq", 0.0),
+                          ("multi_eq_es", 100.0), ("multi_en_x", 100.0), ("no_retrieval", 0.0)):
+        for lang in ("de", "zh", "avg"):
+            assert m[("scripted", setting, lang, "accuracy")] == want, (setting, lang)
     assert m[("scripted", "mono", "de", "response_language_error_rate")] == 0.0
-    assert m[("scripted", "multi_es", "de", "wrong_language_rate")] == 100.0
-    assert m[("scripted", "multi_es", "de", "accuracy")] == 0.0
+    assert m[("scripted", "multi_eq_es", "zh", "wrong_language_rate")] == 0.0
+    assert m[("scripted", "no_retrieval", "de", "abstain_rate")] == 100.0
     # The tiny model's rows are there, none correct, each with the reason.
     tiny_items = [i for i in items if i["model"] == "tiny"]
     assert len(tiny_items) == sum(m["rows"] for m in tiny)
     assert all(not i["verdict"] and i["error"] for i in tiny_items)
-    assert m[("scripted", "mono", "avg", "accuracy")] == 100.0
     table = store.read_bytes(f"{ev['dir']}/table.md").decode()
-    for t in ("Table 4", "Table 5", "Table 6"):
+    for t in ("Table 3", "Table 4", "Table 5", "Table 6: controlled analysis of scripted"):
         assert t in table
+    assert "| +EQ, +ES | 100.00 | – | 100.00 | – | 100.00 |" in table
     assert "## Results" in out

@@ -14,7 +14,8 @@ from xling.tasks.languages import UnknownLanguageError
 from xling.tasks.parsers import PARSERS
 
 DATA = Path(__file__).parent / "data" / "xrag" / "xrag.test.jsonl"
-ARTICLE_HEAD = re.compile(r"^Article (\d+) \(published (\d{4}-\d\d-\d\d)\):$", re.M)
+# Figure 18's article block (xrag.txt L624): <text_i> text </text_i> then <date_i> date </date_i>
+ARTICLE = re.compile(r"^<text_(\d+)> (.*?) </text_\1>\n<date_\1> (.*?) </date_\1>$", re.M | re.S)
 
 
 def opts(**kw):
@@ -30,9 +31,12 @@ def content(row):
 
 def article_texts(text):
     """The article bodies of a prompt, in presentation order."""
-    parts = re.split(r"^Article \d+ \(published [^)]*\):\n", text, flags=re.M)[1:]
-    parts[-1] = parts[-1].split("\n\nQuestion: ")[0]
-    return [p.rstrip("\n") for p in parts]
+    return [m.group(2) for m in ARTICLE.finditer(text)]
+
+
+def article_heads(text):
+    """(number, date) of each article of a prompt, in presentation order."""
+    return [(m.group(1), m.group(3)) for m in ARTICLE.finditer(text)]
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +59,11 @@ def fake_translations():
 def test_options_defaults_and_aliases():
     o = opts()
     assert o["langs"] == ["de", "es", "zh", "ar"]
-    assert o["settings"] == list(xrag.SETTINGS)
+    assert o["settings"] == list(xrag.PAPER_SETTINGS)  # the paper's settings only
     assert (o["article_order"], o["shuffle_seed"], o["max_article_words"], o["limit"],
-            o["translations"]) == ("given", 0, None, None, "xrag-articles")
+            o["translations"], o["expected"]) == ("given", 0, None, None, "xrag-articles",
+                                                  "auto")
+    assert opts(expected=None)["expected"] is None
     assert opts(langs=["zh-Hans", "German"])["langs"] == ["zh", "de"]
 
 
@@ -70,6 +76,8 @@ def test_options_defaults_and_aliases():
     ({"max_article_words": "100"}, r"study\.options\.max_article_words"),
     ({"shuffle_seed": "x"}, r"study\.options\.shuffle_seed"),
     ({"judges": 3}, r"study\.options\.judges: unknown option"),
+    ({"settings": ["multi_ed"]}, r"'multi_ed' it was not the paper's MonoRAG"),
+    ({"expected": "/nope.yaml"}, r"study\.options\.expected: file not found"),
 ])
 def test_options_errors(raw, match):
     raw = {"data": str(DATA), **raw} if raw else raw
@@ -185,15 +193,18 @@ def test_cells_inputs_parsers():
     assert xrag.input_files(o) == [str(DATA)]
     for s in xrag.SETTINGS:
         assert xrag.parser_for(s) == "answer_tag" and "answer_tag" in PARSERS
-    assert [s for s in xrag.SETTINGS if xrag.needs_translation(s)] == ["multi_en_x", "multi_ed"]
+    assert [s for s in xrag.SETTINGS if xrag.needs_translation(s)] == [
+        "multi_eq_es", "multi_en_x", "ext_multi_xq_es", "ext_multi_xq_es_ed"]
     assert xrag.expected_language("mono", "de") == "de"
     assert xrag.expected_language("mono_en", "de") == "en"
-    assert xrag.expected_language("multi_es", "zh") == "en"
+    assert xrag.expected_language("multi_eq", "zh") == "en"     # +EQ: question and answer
+    assert xrag.expected_language("no_retrieval", "ar") == "en"  # Table 3 is English
     with pytest.raises(ValueError, match="unknown XRAG setting"):
         xrag.needs_translation("bogus")
 
 
-N_ARTICLES = {"no_retrieval": 0, "oracle": 2, "multi_oracle": 2}
+N_ARTICLES = {"no_retrieval": 0, "ext_no_retrieval_xq": 0, "oracle": 2, "ext_oracle_xq": 2,
+              "ext_multi_oracle_xq": 2}
 
 
 @pytest.mark.parametrize("setting", xrag.SETTINGS)
@@ -208,19 +219,17 @@ def test_every_setting_builds_prompts(setting, items, fake_translations):
             it = items[r["item_id"]]
             assert it["lang"] == lang and it["subset"] == spec.subset
             text = content(r)
-            heads = ARTICLE_HEAD.findall(text)
+            heads = article_heads(text)
             n = N_ARTICLES.get(setting, 8)
             assert [int(k) for k, _ in heads] == list(range(1, n + 1))
             assert {d for _, d in heads} <= {a["date"] for a in it["articles"]}
             q = it["question"] if spec.question == "x" else it["en_question"]
-            assert f"Question: {q}\n" in text
-            assert text.rstrip().endswith("between <answer> and </answer>.")
-            if spec.response == spec.question:
-                assert "Answer in the same language as the question." in text
-            else:
-                name = {"de": "German", "es": "Spanish", "zh": "Chinese", "ar": "Arabic",
-                        "en": "English"}[xrag.expected_language(setting, lang)]
-                assert f"Answer in {name}." in text
+            assert f"<question> {q} </question>" in text
+            if n:   # Figure 18
+                assert text.startswith("You are an AI assistant tasked with answering a given")
+                assert text.endswith("Keep the answer as concise as possible.]</answer>")
+            else:   # Figure 19
+                assert text.endswith("Otherwise, output: <answer>None</answer>")
     assert len({r["item_id"] for r in rows}) == len(rows)
 
 
@@ -228,9 +237,10 @@ def test_no_retrieval_and_oracle(items):
     o = opts()
     for r in xrag.build_prompts(o, "no_retrieval", "ar"):
         text = content(r)
-        assert "Article" not in text and "published" not in text
+        assert "<text_" not in text and "<articles>" not in text
+        assert f"<question> {items[r['item_id']]['en_question']} </question>" in text
         assert all(a["text"] not in text for a in items[r["item_id"]]["articles"])
-    for setting in ("oracle", "multi_oracle"):
+    for setting in ("oracle", "ext_oracle_xq", "ext_multi_oracle_xq"):
         for r in xrag.build_prompts(o, setting, "es"):
             arts = items[r["item_id"]]["articles"]
             assert sorted(article_texts(content(r))) == sorted(a["text"] for a in arts
@@ -248,7 +258,7 @@ def test_en_en_x_uses_the_translations(items, fake_translations):
                 assert fake_translations[a["doc_id"]] in text
             else:
                 assert a["text"] in text
-        assert f"Question: {it['en_question']}" in text
+        assert f"<question> {it['en_question']} </question>" in text
         assert not re.search(r"[\u4e00-\u9fff]", text)  # nothing Chinese is left
 
 
@@ -257,10 +267,18 @@ def test_missing_translation_is_an_error_row_naming_the_doc(fake_translations):
     missing = "ml-de-004#a0"
     assert missing in fake_translations
     partial = {k: v for k, v in fake_translations.items() if k != missing}
-    rows = xrag.build_prompts(o, "multi_ed", "de", translations=partial)
-    assert [r["error"] is None for r in rows] == [True, False, True]
-    assert missing in rows[1]["error"] and rows[1]["prompt"] is None
-    assert rows[1]["item_id"] == "ml-de-004"
+    for setting in ("multi_eq_es", "ext_multi_xq_es_ed"):  # ml-de-004#a0 is supporting
+        rows = xrag.build_prompts(o, setting, "de", translations=partial)
+        assert [r["error"] is None for r in rows] == [True, False, True]
+        assert missing in rows[1]["error"] and rows[1]["prompt"] is None
+        assert rows[1]["item_id"] == "ml-de-004"
+    # +EQ, +ES translates only the supporting articles: a distractor's translation is unused
+    distractor = "ml-de-004#a2"
+    partial = {k: v for k, v in fake_translations.items() if k != distractor}
+    assert all(r["error"] is None for r in xrag.build_prompts(o, "multi_eq_es", "de",
+                                                                translations=partial))
+    rows = xrag.build_prompts(o, "multi_en_x", "de", translations=partial)
+    assert distractor in rows[1]["error"]
     none = xrag.build_prompts(o, "multi_en_x", "de")
     assert all(r["error"] and "no English translation" in r["error"] for r in none)
     # settings that do not translate ignore the dictionary
@@ -284,7 +302,7 @@ def test_article_order_options(items):
     for item_id, texts in orders(article_order="supporting_last").items():
         sup = {a["text"] for a in items[item_id]["articles"] if a["supporting"]}
         assert set(texts[-2:]) == sup
-    by_date = {r["item_id"]: [d for _, d in ARTICLE_HEAD.findall(content(r))]
+    by_date = {r["item_id"]: [d for _, d in article_heads(content(r))]
                for r in xrag.build_prompts(opts(article_order="date"), "mono", "es")}
     assert all(d == sorted(d) for d in by_date.values())
     s0, s0b, s1 = (orders(article_order="shuffled", shuffle_seed=s) for s in (0, 0, 1))
@@ -309,12 +327,17 @@ def test_truncation_and_limit():
 def test_judge_prompt_uses_the_settings_languages(items):
     it = items["ml-de-003"]
     text = xrag.judge_prompt({**it, "setting": "multi"}, "1250 Menschen")[0]["content"]
-    assert f"Question: {it['question']}" in text and f"Gold answer: {it['answer']}" in text
-    assert it["en_answer"] in text and "Model answer: 1250 Menschen" in text
-    assert '{"verdict": "correct"}' in text
-    text = xrag.judge_prompt({**it, "setting": "multi_en_x"}, "1250 people")[0]["content"]
-    assert f"Question: {it['en_question']}" in text and f"Gold answer: {it['en_answer']}" in text
-    assert it["question"] not in text
+    assert f"<question> {it['question']} </question>" in text
+    assert f"<golden answer> {it['answer']} </golden answer>" in text
+    assert "<generated_answer> 1250 Menschen </generated_answer>" in text
+    assert it["en_answer"] not in text   # no English reference: rule 5 judges the language
+    assert "5. If the generated answer is in a different language than the golden answer" in text
+    assert '"answer": [correct or incorrect]' in text
+    for setting in ("multi_eq", "multi_en_x", "oracle"):
+        text = xrag.judge_prompt({**it, "setting": setting}, "1250 people")[0]["content"]
+        assert f"<question> {it['en_question']} </question>" in text
+        assert f"<golden answer> {it['en_answer']} </golden answer>" in text
+        assert it["question"] not in text
 
 
 # --- scoring -----------------------------------------------------------------------------
@@ -457,15 +480,15 @@ def test_kappa_against_human_labels(tmp_path):
 
 def test_judge_rows_for_generations(items):
     gens = [gen("mo-es-001", lang="es", answer="1200 personas"),
-            gen("ml-zh-004", lang="zh", setting="multi_es", answer="1337 people"),
+            gen("ml-zh-004", lang="zh", setting="multi_eq", answer="1337 people"),
             gen("mo-es-002", lang="es", answer=None, error="no <answer> tag in the output"),
             gen("nope", lang="es")]
     rows = xrag.judge_rows(opts(), gens)
     assert {r["study"] for r in rows} == {"xrag"}
     assert [r["error"] is None for r in rows] == [True, True, False, False]
-    assert "Model answer: 1200 personas" in rows[0]["prompt"][0]["content"]
+    assert "<generated_answer> 1200 personas </generated_answer>" in rows[0]["prompt"][0]["content"]
     zh = rows[1]["prompt"][0]["content"]
-    assert f"Gold answer: {items['ml-zh-004']['en_answer']}" in zh    # +ES: English gold
+    assert f"<golden answer> {items['ml-zh-004']['en_answer']} </golden answer>" in zh  # +EQ
     assert "no <answer> tag" in rows[2]["error"] and "no XRAG item" in rows[3]["error"]
 
 
@@ -484,29 +507,87 @@ def _inputs_for_kappa():
 
 # --- tables ------------------------------------------------------------------------------
 
+def _acc(setting, lang, model, value, metric="accuracy"):
+    return {"study": "xrag", "setting": setting, "lang": lang, "model": model, "metric": metric,
+            "value": value, "ci_low": None, "ci_high": None, "n": 3}
+
+
 def test_tables_have_the_papers_shape(scored):
     _, m = scored
-    extra = []
-    for setting, value in (("mono_en", 80.0), ("multi", 40.0), ("multi_en_x", 70.0),
-                           ("multi_ed", 55.0), ("no_retrieval", 5.0)):
-        for lang in list(xrag.LANGS) + ["avg"]:
-            for model in ("m", "other"):
-                extra.append({"study": "xrag", "setting": setting, "lang": lang,
-                              "model": model, "metric": "accuracy", "value": value,
-                              "ci_low": None, "ci_high": None, "n": 3})
+    extra = [_acc(s, lang, model, v)
+             for s, v in (("mono_en", 80.0), ("multi", 40.0), ("multi_en_x", 70.0),
+                          ("multi_eq", 45.0), ("multi_eq_es", 60.0), ("no_retrieval", 5.0),
+                          ("ext_multi_xq_es_ed", 55.0))
+             for lang in list(xrag.LANGS) + ["avg"] for model in ("m", "other")]
     extra.append({"study": "xrag", "setting": "all", "lang": "all", "model": "all",
                   "metric": "kappa", "value": 0.71, "ci_low": None, "ci_high": None, "n": 50})
-    md = xrag.tables(m + extra)
-    t4, t5, t6 = (md.split(f"**Table {n}")[1].split("\n\n**")[0] for n in (4, 5, 6))
-    assert "| Model | De | Es | Zh | Ar | Avg | En |" in t4
-    assert "| m | 25.0 | 100.0 | 0.0 | 50.0 | 43.8 | 80.0 |" in t4
-    assert "| other | – | – | – | – | – | 80.0 |" in t4
-    assert "| Model | De | Es | Zh | Ar | Avg | En+En_X |" in t5
-    assert "| m | 40.0 | 40.0 | 40.0 | 40.0 | 40.0 | 70.0 |" in t5
-    assert "| Model | Setting | De | Es | Zh | Ar | Avg |" in t6
-    assert "| m | Multi +ED (MonoRAG) | 55.0 | 55.0 | 55.0 | 55.0 | 55.0 |" in t6
-    assert "| other | No retrieval | 5.0 | 5.0 | 5.0 | 5.0 | 5.0 |" in t6
-    assert "Response-language errors" in md and "| m | Monolingual retrieval | 25.0 |" in md
+    extra.append(_acc("multi", "zh", "other", 2.0, "truncated"))
+    md = xrag.tables(m + extra, opts(expected=None))
+    t3, t4, t5 = (md.split(f"**Table {n}")[1].split("\n\n**")[0] for n in (3, 4, 5))
+    assert "| Model | No Retrieval | Oracle Retrieval |" in t3
+    assert "| m | 5.00 | – |" in t3
+    assert "| Model | En | De | Es | Zh | Ar | Avg |" in t4
+    assert "| m | 80.00 | 25.00 | 100.00 | 0.00 | 50.00 | 43.75 |" in t4
+    assert "| other | 80.00 | – | – | – | – | – |" in t4
+    assert ("| Model | En+En_De (En) | En+De (De) | En+En_Es (En) | En+Es (Es) | En+En_Zh (En) "
+            "| En+Zh (Zh) | En+En_Ar (En) | En+Ar (Ar) | Avg (crossling.) |") in t5
+    assert "| m | 70.00 | 40.00 | 70.00 | 40.00 | 70.00 | 40.00 | 70.00 | 40.00 | 40.00 |" in t5
+    # a truncated cell carries a dagger, and so does the average over it
+    assert ("| other | 70.00 | 40.00 | 70.00 | 40.00 | 70.00 | 40.00 † | 70.00 | 40.00 | "
+            "40.00 † |") in t5 and "† some prompts of this cell were cut" in t5
+    # Table 6: one table per model, the paper's four rows in its order
+    t6 = md.split("**Table 6: controlled analysis of m ")[1].split("\n\n**")[0]
+    assert "| Setting | En+De | En+Es | En+Zh | En+Ar | Avg |" in t6
+    assert [line.split(" | ")[0] for line in t6.splitlines() if line.startswith("| ")][1:] == [
+        "| XRAG-MultiR", "| +EQ", "| +EQ, +ES", "| MonoRAG (+EQ, +ES, +ED)"]
+    assert "| MonoRAG (+EQ, +ES, +ED) | 70.00 | 70.00 | 70.00 | 70.00 | 70.00 |" in t6
+    assert "**Table 6: controlled analysis of other " in md
+    # settings the paper did not run: their own table, never in the paper's
+    ext = md.split("**Not in the paper")[1].split("\n\n**")[0]
+    assert "| m | ext_multi_xq_es_ed: [ext] multi, X question, all X articles in English |" in ext
+    assert "ext_" not in md.split("**Not in the paper")[0]
+    assert "Response-language errors" in md and "| m | mono: Monolingual retrieval | 33.33 |" in md
+    assert "| other | multi: XRAG-MultiR | – | – | 2 | – | – |" in md   # truncated count
     assert "| all | 0.71 |" in md
+    assert "paper:" not in md   # expected: null
     empty = xrag.tables([])
     assert "Table 4" in empty and "(no results)" in empty
+
+
+def test_tables_put_the_published_numbers_beside_ours(tmp_path):
+    """A model the paper ran (by alias) gets the paper's row and ours - paper; a model it did
+    not run shows only ours; an Avg over fewer languages than the paper's gets no difference."""
+    rows = [_acc(s, lang, model, 50.0) for s in ("oracle", "mono", "mono_en", "multi",
+                                                 "multi_eq", "multi_eq_es", "multi_en_x")
+            for lang in list(xrag.LANGS) + ["avg"] for model in ("GPT-4o-2024-08-06", "qwen")]
+    md = xrag.tables(rows, opts())   # expected: auto = configs/xrag.expected.yaml
+    t4 = md.split("**Table 4")[1].split("\n\n**")[0]
+    assert "| ↳ paper: GPT-4o | 62.40 | 55.90 | 56.80 | 54.70 | 54.70 | 55.50 |" in t4
+    assert "| ↳ Δ (ours − paper) | -12.40 | -5.90 | -6.80 | -4.70 | -4.70 | -5.50 |" in t4
+    assert t4.count("paper:") == 1   # qwen: ours only
+    t3 = md.split("**Table 3")[1].split("\n\n**")[0]
+    assert "| ↳ paper: GPT-4o | 6.30 | 75.40 |" in t3
+    assert "| ↳ Δ (ours − paper) | – | -25.40 |" in t3
+    t6 = md.split("**Table 6: controlled analysis of GPT-4o-2024-08-06")[1].split("\n\n**")[0]
+    assert "(paper: Table 6, GPT-4o)" in t6
+    assert "| ↳ paper: GPT-4o | 65.00 | 57.33 | 62.00 | 60.33 | 61.16 |" in t6   # +EQ, +ES
+    assert "paper:" not in md.split("**Table 6: controlled analysis of qwen")[1]
+    # a run over two languages: its Avg is not the paper's Avg
+    md = xrag.tables(rows, opts(langs=["de", "zh"]))
+    t4 = md.split("**Table 4")[1].split("\n\n**")[0]
+    assert "| ↳ Δ (ours − paper) | -12.40 | -5.90 | -6.80 | -4.70 | -4.70 | – |" in t4
+    # an expected file of one's own, by path
+    own = tmp_path / "mine.expected.yaml"
+    own.write_text("models: {Mine: {aliases: [qwen]}}\ntable4: {Mine: {en: 40.0}}\n")
+    md = xrag.tables(rows, opts(expected=str(own)))
+    assert "| ↳ paper: Mine | 40.00 | – |" in md and "GPT-4o |" not in md
+
+
+def test_score_counts_truncated_prompts_and_abstentions():
+    gens = [dict(gen("A", setting="no_retrieval", answer="None"), truncated_from=9000),
+            gen("B", setting="no_retrieval", answer="800 people")]
+    items, m = xrag.score(opts(), gens, judged("A", ["incorrect"] * 3, setting="no_retrieval")
+                          + judged("B", ["correct"] * 3, setting="no_retrieval"))
+    assert [(i["truncated"], i["abstained"]) for i in items] == [(True, True), (False, False)]
+    assert metric(m, "truncated", setting="no_retrieval")["value"] == 1
+    assert metric(m, "abstain_rate", setting="no_retrieval")["value"] == 50

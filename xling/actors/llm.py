@@ -154,6 +154,9 @@ class VLLMEngine(LLMEngine):
       "refuse"   an error row that says how long it was;
       "truncate" keep its first and last halves (instructions open a prompt, the question
                  and output format close it) and record the original length.
+    Per call, `prefix` continues every prompt after the chat template's assistant header
+    (the start of the answer, e.g. PRP's " Passage:" in llm-rankers), and `allowed` limits
+    the generated tokens to those that spell the given strings (vLLM allowed_token_ids).
     """
 
     def __init__(self, model: str, *, chat: bool = True, max_model_len: int | None = None,
@@ -186,7 +189,13 @@ class VLLMEngine(LLMEngine):
                        self.tokenizer.decode(ids[:n_tokens], skip_special_tokens=True))
         return out
 
-    def tokenize(self, prompt: Prompt) -> list[int]:
+    def tokenize(self, prompt: Prompt, prefix: str | None = None) -> list[int]:
+        if self.chat and prefix:
+            text = self.tokenizer.apply_chat_template(_messages(prompt), tokenize=False,
+                                                      add_generation_prompt=True)
+            return list(self.tokenizer.encode(text + prefix, add_special_tokens=False))
+        if prefix:
+            return list(self.tokenizer.encode(prompt + prefix))
         if self.chat:
             ids = self.tokenizer.apply_chat_template(_messages(prompt), tokenize=True,
                                                      add_generation_prompt=True)
@@ -194,8 +203,18 @@ class VLLMEngine(LLMEngine):
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         return list(self.tokenizer.encode(prompt))
 
-    def complete(self, prompts: list[Prompt], sampling: Sampling,
-                 too_long: str | None = None) -> list[Completion]:
+    def allowed_token_ids(self, allowed: list[str]) -> list[int]:
+        """The single tokens that spell each string, with or without a leading space."""
+        ids = set()
+        for a in allowed:
+            for v in (a, " " + a):
+                t = self.tokenizer.encode(v, add_special_tokens=False)
+                if len(t) == 1:
+                    ids.add(t[0])
+        return sorted(ids)
+
+    def complete(self, prompts: list[Prompt], sampling: Sampling, too_long: str | None = None,
+                 prefix: str | None = None, allowed: list[str] | None = None) -> list[Completion]:
         from vllm import SamplingParams
 
         too_long = too_long or self.too_long
@@ -210,7 +229,7 @@ class VLLMEngine(LLMEngine):
                 out[i] = Completion(error=why, attempts=0)
                 continue
             try:
-                ids = self.tokenize(p)
+                ids = self.tokenize(p, prefix)
             except Exception as e:  # a chat template that rejects the roles, say
                 out[i] = Completion(error=f"cannot tokenize prompt: {e}", attempts=0)
                 continue
@@ -232,9 +251,10 @@ class VLLMEngine(LLMEngine):
             todo.append((i, truncated))
             inputs.append({"prompt_token_ids": ids})
         if inputs:
+            extra = {"allowed_token_ids": self.allowed_token_ids(allowed)} if allowed else {}
             params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
                                     max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None,
-                                    seed=sampling.seed)
+                                    seed=sampling.seed, **extra)
             t0 = time.perf_counter()
             try:
                 results = self.llm.generate(inputs, params, use_tqdm=False)

@@ -8,6 +8,13 @@ of the system's top-N, and for each configured comparison a paired t-test per me
 the LLM-CLIR paper's PRI and Realized % (Eq. 1 and 2). A markdown table of the means goes
 next to the Parquet rows (`table.md`) and into the run report.
 
+The rerank stage's runs over a retrieve run are systems of the same cell, each compared with
+its first stage (the paper's `*`: paired t-test, p < 0.05). After the cells, `tables.md`
+(in the evaluate directory) has the LLM-CLIR Tables 2-7 shape per topic set and metric:
+rows are systems, columns are language pairs plus AVG, PRI and Realized % computed on the
+AVG column (llm-clir.txt L249-257), and, with `evaluate.expected`, the paper's numbers
+beside xling's.
+
 Evaluation is small driver-side work (a few hundred queries), so it does not go through Ray;
 it keeps the cell layout and the manifest-last commit of the other stages.
 """
@@ -24,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
-from xling.core.config import ConfigError, Strict, hashable
+from xling.core.config import ConfigError, NoHash, Strict, hashable
 from xling.core.runner import Cell, Stage, code_version, now, read_cell
 from xling.core.store import RunStore
 
@@ -64,6 +71,8 @@ class EvaluateConfig(Strict):
     oracle_depth: int = Field(100, ge=1, description="glass ceiling: relevant docs in the "
                                                      "top-N moved to the top")
     compare: list[Comparison] = []
+    expected: str | None = NoHash(None, description="a *.expected.yaml with a paper's tables "
+                                  "(`paper: tables:`), printed beside xling's in tables.md")
     labels: str | None = Field(None, description="study with a judge panel: human labels "
                                                  "(jsonl/csv, see the study's tasks/ module) for "
                                                  "Cohen's kappa of the panel")
@@ -109,6 +118,15 @@ def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
         groups.setdefault((c.key["topics"], c.key["qlang"], c.key["doc_lang"]), {})[
             c.key["run"]] = c.id
     ec = cfg.evaluate
+    reranked: dict[tuple, dict[str, dict]] = {}
+    if cfg.rerank is not None and any(r.input for r in cfg.rerank.runs):
+        from xling.jobs.rerank import rerank_cells
+
+        inputs_of = {r.name: r.input for r in cfg.rerank.runs}
+        for c in rerank_cells(cfg):
+            if "input" in c.params:
+                reranked.setdefault((c.key["topics"], c.key["qlang"], c.key["doc_lang"]), {})[
+                    c.key["run"]] = {"cell": c.id, "input": inputs_of[c.key["run"]]}
     for i, ts in enumerate(cfg.retrieve.topics):
         for (topics, ql, dl), systems in groups.items():
             if topics != ts.name:
@@ -126,6 +144,8 @@ def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
                     raise ConfigError(f"evaluate.runs '{name}': file not found: {path}")
             params = {"qrels": qrels, "systems": systems, "external": external,
                       "settings": hashable(ec)}
+            if reranked.get((topics, ql, dl)):
+                params["reranked"] = reranked[(topics, ql, dl)]
             cells.append(Cell("evaluate", {"topics": topics, "qlang": ql, "doc_lang": dl},
                               params, inputs=[qrels, *external.values()], n_shards=1))
     return cells
@@ -157,6 +177,8 @@ class EvaluateStage(Stage):
                 out.append(run_evaluate(cfg, store, cell, log=log))
             else:
                 out.append(evaluate_cell(cfg, store, cell, log=log))
+        if cfg.retrieve is not None:
+            write_pair_tables(cfg, store, log=log)
         return out
 
 
@@ -203,6 +225,19 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
         runs[system] = t.filter(pc.and_(pc.is_null(t["error"]), pc.is_valid(t["doc_id"])))
     for system, path in cell.params["external"].items():
         runs[system] = read_trec_run(path)
+    rerank_inputs = {}
+    for system, spec in cell.params.get("reranked", {}).items():
+        from xling.core.runner import MissingInput
+
+        try:
+            t = read_cell(store, f"rerank/{spec['cell']}", columns=["query_id", "doc_id", "rank",
+                                                                     "score", "system", "error"])
+        except FileNotFoundError:
+            raise MissingInput(f"evaluate {cell.id} scores rerank run '{system}', whose output "
+                               f"rerank/{spec['cell']} is not in the store: run `xling rerank "
+                               "--config ...` first") from None
+        runs[system] = t.filter(pc.and_(pc.is_null(t["error"]), pc.is_valid(t["doc_id"])))
+        rerank_inputs[system] = spec["input"]
     known = _collection_ids(cfg, store, cell)
     unknown = {}
     if known is not None:
@@ -225,7 +260,8 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
         per_query[f"{system}+oracle"] = irmetrics.evaluate(oracle, qrels, ec.metrics)
     for system, pq in per_query.items():
         plain = system.removesuffix("+oracle")
-        setting = run_modes.get(plain, "fusion" if plain in cell.params["systems"] else "external")
+        setting = run_modes.get(plain, "fusion" if plain in cell.params["systems"] else
+                                "rerank" if plain in rerank_inputs else "external")
         means[system] = {}
         for m in ec.metrics:
             mean = irmetrics.mean(pq, m)
@@ -235,7 +271,9 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
             rows += [{**base, "setting": setting, "model": system, "system": system, "metric": m,
                       "query_id": q, "value": v[m], "n": 1} for q, v in sorted(pq.items())]
     comparisons = []
-    for comp in ec.compare:
+    implicit = [Comparison(baseline=base_, system=s) for s, base_ in rerank_inputs.items()
+                if not any(c.system == s and c.baseline == base_ for c in ec.compare)]
+    for comp in [*ec.compare, *implicit]:
         if comp.baseline not in runs or comp.system not in runs:
             continue
         for m in ec.metrics:
@@ -301,3 +339,94 @@ def markdown_table(cell: Cell, metrics: list[str], means: dict, comparisons: lis
         lines += ["", "Hits naming doc ids not in the collection: "
                   + ", ".join(f"{s}: {n}" for s, n in unknown.items())]
     return "\n".join(lines) + "\n"
+
+
+def write_pair_tables(cfg: XlingConfig, store: RunStore, *, log=print) -> str | None:
+    """`evaluate/tables.md`: the LLM-CLIR Tables 2-7 shape over every finished evaluate cell
+    (see the module doc). Built from the cells' stored rows, so cells skipped as done count."""
+    from xling.tasks import irmetrics
+
+    ec = cfg.evaluate
+    cells = [c for c in evaluate_cells(cfg) if "study" not in c.key]
+    rows = []
+    for c in cells:
+        m = store.read_json_or_none(f"{c.dir}/_manifest.json")
+        if m:
+            t = store.read_parquet([f"{c.dir}/part-00000.parquet"])
+            t = t.filter(pc.is_null(t["query_id"]))
+            rows += [{**r, "key": c.key, "reranked": c.params.get("reranked", {})}
+                     for r in t.to_pylist()]
+    if not rows:
+        return None
+    paper = {}
+    if ec.expected:
+        import yaml
+
+        from xling.core.sources import _open
+
+        with _open(ec.expected) as f:
+            paper = (yaml.safe_load(f.read()) or {}).get("paper", {}).get("tables", {}) or {}
+    out = []
+    for ts in cfg.retrieve.topics:
+        pairs = [(ql, dl) for ql in ts.langs for dl in ts.doc_langs]
+        labels = [irmetrics.pair_label(ql, dl) for ql, dl in pairs]
+        mine = [r for r in rows if r["key"]["topics"] == ts.name]
+        if not mine:
+            continue
+        inputs = {s: spec["input"] for r in mine for s, spec in r["reranked"].items()}
+        for metric in ec.metrics:
+            val: dict[str, dict[str, float]] = {}
+            sig: dict[str, dict[str, bool]] = {}
+            for r in mine:
+                label = irmetrics.pair_label(r["key"]["qlang"], r["key"]["doc_lang"])
+                if r["metric"] == metric and r["setting"] != "comparison":
+                    val.setdefault(r["system"] if not r["model"].endswith("+oracle")
+                                   else r["model"], {})[label] = r["value"]
+                elif r["metric"] == f"{metric}:ttest_p" and r["system"] in inputs and \
+                        r["model"] == f"{r['system']} vs {inputs[r['system']]}":
+                    sig.setdefault(r["system"], {})[label] = irmetrics.significant(r["value"])
+            table = [{"label": s, "values": v, "sig": sig.get(s, {}),
+                      "section": ("Reranking (retriever: " + inputs[s] + ")") if s in inputs
+                      else "First-stage retrieval"}
+                     for s, v in sorted(val.items(), key=lambda kv: (kv[0] in inputs,
+                                                                       inputs.get(kv[0], ""),
+                                                                       kv[0]))]
+            out.append(irmetrics.pairs_table(table, labels, title=f"{ts.name}: {metric}"))
+            head = []
+            for s, first in inputs.items():
+                if s in val and first in val and f"{first}+oracle" in val:
+                    h = irmetrics.pri_on_average(
+                        [val[first].get(p, math.nan) for p in labels],
+                        [val[f"{first}+oracle"].get(p, math.nan) for p in labels],
+                        [val[s].get(p, math.nan) for p in labels])
+                    head.append(f"| {s} | {first} | {_fmt(h['s1'])} | {_fmt(h['s_star'])} | "
+                                f"{_fmt(h['pri'])} | {_fmt(h['s2'])} | "
+                                f"{_fmt(h['realized_pct'], True)} |")
+            if head:
+                out += ["PRI and Realized % on the AVG column (LLM-CLIR Eq. 1, 2):", "",
+                        "| reranker | first stage | s1 | s* | PRI | s2 | Realized % |",
+                        "|---|---|---|---|---|---|---|", *head, ""]
+            for name, pt in paper.items():
+                if pt.get("topics") != ts.name or pt.get("metric") != metric:
+                    continue
+                cols = [c for c in pt["columns"] if c != "AVG"]
+                prow = []
+                for r in pt["rows"]:
+                    nums = [irmetrics.parse_published(v) for v in r["values"]]
+                    vals = dict(zip(pt["columns"], nums))
+                    ours = val.get(r.get("system") or "")
+                    if ours is not None:
+                        avg = irmetrics.average(ours.get(c, math.nan) for c in cols)
+                        prow.append({"label": f"xling {r['system']}", "values": ours,
+                                     "sig": sig.get(r["system"], {}), "section": r["section"],
+                                     "note": f"Δ {avg - vals['AVG'][0]:+.3f}"})
+                    prow.append({"label": f"paper {r['label']}", "section": r["section"],
+                                 "values": {c: vals[c][0] for c in cols},
+                                 "sig": {c: vals[c][1] for c in cols}, "avg": vals["AVG"][0],
+                                 "note": f"L{r['line']}"})
+                out.append(irmetrics.pairs_table(
+                    prow, cols, title=f"{name} ({metric}): the paper beside xling"))
+    md = "\n".join(out)
+    store.write_bytes("evaluate/tables.md", md.encode())
+    log(f"[evaluate] LLM-CLIR-shaped tables -> {store.url('evaluate/tables.md')}")
+    return md

@@ -3,8 +3,11 @@
 One cell per rerank run x input cell: each retrieve cell of the run or fusion named by
 `input` (same topics, query language and document language), or one cell for a TREC run
 file. The input of a cell is one row per query: the query text and its top `depth`
-candidates with their passage texts (the same texts the index was built from: original
-documents, or the translate stage's DT translations).
+candidates with their passage texts. `texts` chooses those texts independently of the
+first stage (LLM-CLIR's OG / DT reranking, Figure 1): `og` the original documents, `dt` the
+translate stage's translations into the query language, `index` (default) the texts of the
+index the first stage searched. So BM25 over DT can be reranked on the original texts and a
+dense run over the originals on the DT texts (LLM-CLIR Tables 2-7, rows "(OG)" / "(DT)").
 
     read   hits + queries + passage texts -> one row per query (driver-side join)
     map    LLMReranker actors: a batch of queries reranked in lockstep, every LLM call one
@@ -40,10 +43,13 @@ from xling.core.llm import (
     sampling_of,
 )
 from xling.core.pools import actor_pool, pool_resources
+from xling.core.config import ConfigError
 from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, read_cell
 from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
 from xling.core.store import RunStore
-from xling.tasks.rerank import Candidates, listwise_rerank, pairwise_rerank
+from xling.tasks.rerank import (PASSAGE_PREFIX, Candidates, fit_listwise, listwise_rerank,
+                                pairwise_prompt, pairwise_rerank, parse_choice,
+                                parse_passage_token)
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -70,6 +76,27 @@ class RerankRun(Strict):
     passes: int = Field(10, ge=1, description="pairwise bubble-sort passes = top-k sorted")
     doc_tokens: int = Field(128, ge=8, description="passages truncated to this many tokens "
                                                    "(LLM-CLIR: 64, 128 or 256)")
+    texts: Literal["index", "og", "dt"] = Field(
+        "index", description="passage texts shown to the LLM: og = original documents, dt = the "
+        "translate stage's translations into the query language (LLM-CLIR's OG / DT "
+        "reranking), index = those of the index the first stage searched")
+    fit: Literal["shrink", "engine"] = Field(
+        "shrink", description="listwise: a window longer than the context has its passages "
+        "cut further until it fits, as rank_llm does (vLLM only: it needs the tokenizer); "
+        "engine = leave it to model.too_long")
+    prompt_style: Literal["figure", "llm_rankers"] = Field(
+        "figure", description="pairwise prompt: LLM-CLIR Figure 4 verbatim, or llm-rankers' "
+        "character-exact variant (quoted query and passages)")
+    prp_answer: Literal["generate", "passage_token"] = Field(
+        "generate", description="pairwise answers: generate freely and parse 'Passage A/B', or "
+        "passage_token = llm-rankers: the chat prompt continued by ' Passage:' and one token "
+        "(vLLM only)")
+    prp_constrain: bool = Field(False, description="with passage_token: allow only the tokens A "
+                                                   "and B (vLLM allowed_token_ids); llm-rankers "
+                                                   "does not")
+    prp_tail: Literal["first_stage", "bubble"] = Field(
+        "first_stage", description="pairwise: below the sorted top-`passes`, candidates keep "
+        "their first-stage order (llm-rankers) or the order the bubble passes left them")
 
     @model_validator(mode="after")
     def _source(self) -> "RerankRun":
@@ -79,6 +106,9 @@ class RerankRun(Strict):
         if self.trec is not None and (self.topics is None or self.corpus is None):
             raise ValueError(f"rerank run '{self.name}': a `trec` input needs `topics:` and "
                              "`corpus:` for the query and passage texts")
+        if self.trec is not None and self.texts != "index":
+            raise ValueError(f"rerank run '{self.name}': a `trec` input reads its texts from "
+                             "`corpus:`; texts: og/dt choose between a retrieve run's sources")
         if self.step > self.window:
             raise ValueError(f"rerank run '{self.name}': step {self.step} > window {self.window} "
                              "would skip passages")
@@ -104,12 +134,16 @@ HITS = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), ("rank", p
                   ("llm_calls", pa.int64()), ("reused_pairs", pa.int64()),
                   ("malformed", pa.int64()), ("unparseable", pa.int64()),
                   ("failed_calls", pa.int64()), ("missing_texts", pa.int64()),
+                  ("shrunk_windows", pa.int64()),
                   ("llm_error", pa.string()), ("error", pa.string())])
 
 
 def default_sampling(run: RerankRun) -> SamplingSpec:
-    # "[12] > " is ~5 tokens; a listwise answer names `window` ids. PRP answers "Passage A".
-    return SamplingSpec(max_tokens=6 * run.window if run.method == "listwise" else 8)
+    # "[12] > " is ~5 tokens; a listwise answer names `window` ids. PRP answers "Passage A",
+    # or, continuing " Passage:", one token (llm-rankers' max_new_tokens=1).
+    if run.method == "listwise":
+        return SamplingSpec(max_tokens=6 * run.window)
+    return SamplingSpec(max_tokens=1 if run.prp_answer == "passage_token" else 8)
 
 
 def rerank_cells(cfg: XlingConfig) -> list[Cell]:
@@ -129,12 +163,45 @@ def rerank_cells(cfg: XlingConfig) -> list[Cell]:
             cells.append(Cell("rerank", {"run": run.name}, {**params, "trec": run.trec},
                               inputs=[run.trec], n_shards=rc.shards))
             continue
+        if run.prp_answer == "passage_token" and rc.model.backend != "vllm":
+            raise ConfigError(f"rerank run '{run.name}': prp_answer: passage_token continues the "
+                              "chat prompt by ' Passage:', which needs backend: vllm; use "
+                              "prp_answer: generate with an endpoint")
         for up in upstream:
             if up.key["run"] == run.input:
+                inputs = [up.dir]
+                if run.texts == "dt" and up.key["qlang"] != up.key["doc_lang"]:
+                    inputs += [c.dir for c in _dt_cells(cfg, up, run.name)]
                 cells.append(Cell("rerank", {**up.key, "run": run.name},
-                                  {**params, "input": up.dir}, inputs=[up.dir],
+                                  {**params, "input": up.dir}, inputs=inputs,
                                   n_shards=rc.shards))
     return cells
+
+
+def _dt_cells(cfg: XlingConfig, up: Cell, name: str) -> list[Cell]:
+    """The translate cells that hold the DT texts of a retrieve cell's collections."""
+    from xling.jobs.translate import translate_cell
+
+    out = []
+    for col in _collections(cfg, up):
+        try:
+            out.append(translate_cell(cfg, "doc", col, up.key["doc_lang"], up.key["qlang"]))
+        except StageFailed:
+            raise ConfigError(
+                f"rerank run '{name}': texts: dt reads the translate stage's translation of "
+                f"'{col}' {up.key['doc_lang']}->{up.key['qlang']}, which the config does not "
+                f"make: add {up.key['qlang']} to the targets of translate.documents '{col}'"
+            ) from None
+    return out
+
+
+def _collections(cfg: XlingConfig, up: Cell) -> list[str]:
+    """The index collections a retrieve run or fusion cell searched."""
+    if "fusion" in up.params:
+        names = up.params["fusion"]["runs"]
+    else:
+        names = [up.key["run"]]
+    return sorted({r.collection for r in cfg.retrieve.runs if r.name in names})
 
 
 class RerankStage(Stage):
@@ -174,7 +241,7 @@ class RerankStage(Stage):
             hits = read_cell(store, cell.params["input"],
                              columns=["query_id", "doc_id", "rank", "score", "error"])
             hits = hits.filter(pc.and_(pc.is_null(hits["error"]), pc.is_valid(hits["doc_id"])))
-            queries, docs = _retrieve_sources(cfg, cell)
+            queries, docs = _retrieve_sources(cfg, cell, run.texts)
         hits = hits.sort_by([("query_id", "ascending"), ("rank", "ascending")])
         texts = _texts(docs, set(hits["doc_id"].to_pylist()), cfg)
         qtext = {r["query_id"]: r["text"] for r in queries.take_all() if r.get("error") is None}
@@ -206,7 +273,9 @@ class RerankStage(Stage):
         # Per-cell settings come from the cell's params, so cells of a sweep's grid points
         # (say doc_tokens 64/128/256) share this pool: the model is loaded once.
         calls = [{**{k: c.params["method"][k] for k in ("method", "depth", "window", "step",
-                                                       "passes", "doc_tokens")},
+                                                       "passes", "doc_tokens", "fit",
+                                                       "prompt_style", "prp_answer",
+                                                       "prp_constrain", "prp_tail")},
                   "system": c.key["run"], "sampling": c.params["sampling"],
                   "too_long": rc.model.too_long if rc.model.backend == "vllm" else None}
                  for c in cells]
@@ -227,7 +296,7 @@ class RerankStage(Stage):
         t = store.read_parquet(files).filter(pc.equal(pc.field("rank"), 1))
         totals = {k: int(pc.sum(t[k]).as_py() or 0) for k in
                   ("llm_calls", "reused_pairs", "malformed", "unparseable", "failed_calls",
-                   "missing_texts")}
+                   "missing_texts", "shrunk_windows")}
         why = sorted({e for e in t["llm_error"].to_pylist() if e})
         if totals["failed_calls"]:
             print(f"[rerank] {cell.id}: {totals['failed_calls']} LLM calls failed, e.g. {why[0]}")
@@ -243,8 +312,9 @@ def _open_text(path: str):
         return io.StringIO(f.read().decode("utf-8"))
 
 
-def _retrieve_sources(cfg: XlingConfig, cell: Cell):
-    """Queries and the documents the input run searched (original or DT texts)."""
+def _retrieve_sources(cfg: XlingConfig, cell: Cell, texts: str = "index"):
+    """Queries and the passage texts: those of the index the input run searched (`index`),
+    the original documents (`og`), or their translations into the query language (`dt`)."""
     from xling.jobs.index import IndexStage
     from xling.jobs.retrieve import _index_cell, fusion_cells, run_cells, topic_files
 
@@ -254,9 +324,31 @@ def _retrieve_sources(cfg: XlingConfig, cell: Cell):
     ts = next(t for t in cfg.retrieve.topics if t.name == up.key["topics"])
     ql, dl = up.key["qlang"], up.key["doc_lang"]
     queries = read_queries(ts, ql, topic_files(ts, ql, dl, "retrieve.topics"))
-    index_ids = {i for leaf in leaves for i in leaf.params["indexes"].values()}
-    docs = [IndexStage().read(_index_cell(cfg, i), cfg) for i in sorted(index_ids)]
+    if texts == "index":
+        index_ids = {i for leaf in leaves for i in leaf.params["indexes"].values()}
+        docs = [IndexStage().read(_index_cell(cfg, i), cfg) for i in sorted(index_ids)]
+    else:
+        text_lang = dl if texts == "og" else ql
+        docs = [text_documents(cfg, col, dl, text_lang) for col in _collections(cfg, up)]
     return queries, docs
+
+
+def text_documents(cfg: XlingConfig, collection: str, lang: str, text_lang: str):
+    """The documents of an index collection in `lang`, as a Ray Dataset of documents rows:
+    the originals (text_lang = lang) or the translate stage's DT into text_lang. Read as the
+    index stage reads them, whether or not an index of those texts was built."""
+    from xling.jobs.index import IndexStage, _collection
+    from xling.jobs.translate import translate_cell
+
+    key = {"collection": collection, "lang": lang, "text_lang": text_lang, "engine": "texts"}
+    if text_lang == lang:
+        col = _collection(cfg, collection)
+        where = f"index.collections ('{collection}')"
+        cell = Cell("index", key, {}, inputs=spec_files(col, lang, where))
+    else:
+        dt = translate_cell(cfg, "doc", collection, lang, text_lang)
+        cell = Cell("index", key, {"translation": dt.id}, inputs=[dt.dir])
+    return IndexStage().read(cell, cfg)
 
 
 def _texts(docs: list, wanted: set[str], cfg: XlingConfig) -> dict[str, str]:
@@ -294,11 +386,17 @@ class LLMReranker(StoreLLM):
     def _rerank(self, rows: list[dict], call: dict) -> list[dict]:
         depth = call["depth"]
         good = [r for r in rows if r["error"] is None]
+        engine = self.cached.engine
         cands = [Candidates(r["query_id"], r["query"], r["doc_ids"][:depth],
-                            self.cached.engine.truncate(r["texts"][:depth], call["doc_tokens"]))
+                            engine.truncate(r["texts"][:depth], call["doc_tokens"]))
                  for r in good]
         sampling = Sampling(**call["sampling"])
         options = {"too_long": call["too_long"]} if call["too_long"] else {}
+        token_answer = call["method"] == "pairwise" and call["prp_answer"] == "passage_token"
+        if token_answer:  # llm-rankers: chat template + " Passage:", one token
+            options["prefix"] = PASSAGE_PREFIX
+            if call["prp_constrain"]:
+                options["allowed"] = ["A", "B"]
         errors: list[str] = []
 
         def complete(prompts):
@@ -307,9 +405,24 @@ class LLMReranker(StoreLLM):
             return [c.text if c.error is None else None for c in done]
 
         if call["method"] == "listwise":
-            results = listwise_rerank(cands, complete, window=call["window"], step=call["step"])
+            fit = None
+            if call["fit"] == "shrink" and hasattr(engine, "tokenize"):
+                budget = engine.max_model_len - sampling.max_tokens
+
+                def fit(query, passages):
+                    return fit_listwise(query, passages, n_tokens=lambda p: len(engine.tokenize(p)),
+                                        budget=budget, truncate=engine.truncate,
+                                        limit=call["doc_tokens"])
+
+            results = listwise_rerank(cands, complete, window=call["window"], step=call["step"],
+                                      fit=fit)
         else:
-            results = pairwise_rerank(cands, complete, passes=call["passes"])
+            style = call["prompt_style"]
+            results = pairwise_rerank(
+                cands, complete, passes=call["passes"],
+                prompt=lambda q, a, b: pairwise_prompt(q, a, b, style),
+                parse=parse_passage_token if token_answer else parse_choice,
+                restore_tail=call["prp_tail"] == "first_stage")
         by_query = {r.query_id: r for r in results}
         out = []
         for r in rows:
@@ -326,6 +439,7 @@ class LLMReranker(StoreLLM):
             counts = {"llm_calls": res.calls, "reused_pairs": res.cached,
                       "malformed": res.malformed, "unparseable": res.unparseable,
                       "failed_calls": res.failed, "missing_texts": r["missing"],
+                      "shrunk_windows": res.shrunk,
                       # why calls failed, once per batch (e.g. a window too long for the model)
                       "llm_error": errors[0] if res.failed and errors else None}
             for k, d in enumerate(order):

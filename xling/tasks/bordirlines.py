@@ -21,24 +21,34 @@ Data this module reads:
   sit under ``data/control/<retriever>/<mode>/control_query_hits.tsv``) and the passages
   ``{lang: {doc_id: text}}`` (``docs`` option).
 
-Retrieval modes (the paper's Section 3 and the code's ``--retrieval_over``): ``no_ir`` (no
-passages), ``qlang`` (passages in the query's language), ``rel_langs`` (in the languages of
-all claimants), ``qlang_en`` (query language + English), ``en`` (English only) and ``swap``
-(the ablation ``ablate_swap``: the ``qlang`` passages of the *next* claimant language's query
-of the same territory, so e.g. the Russian query sees the Ukrainian passages).
+Retrieval modes (the paper's Table 1 and the code's ``--retrieval_over``): ``no_ir`` (no
+passages), ``qlang`` (passages in the query's language), ``rel_langs`` (in the query's
+language, English and the other relevant languages), ``qlang_en`` (query language +
+English), ``en`` (English only) and ``swap`` (the ablation ``swap_docs``/``ablate_swap``: the
+``qlang`` passages of the *next* claimant language's query of the same territory, so e.g. the
+Russian query sees the Ukrainian passages). The hits are the hub's, per retriever; the
+default is ``openai`` (text-embedding-3-large), the retriever of the paper's main results
+(bordirlines.txt L123).
 
-Prompts: ``direct`` (answer with the option only) and ``citation`` (``Cited Documents:``,
-``Chosen Option:``, ``Explanation:`` with ``<docN>`` citations; the Command-R grounded-generation
-instruction the paper uses for all models). Passages are numbered ``<doc1>`` .. ``<docK>``
-here (the original numbered them from 0). ``no_ir`` has no passages to cite, so it is always
-run with the direct prompt (setting ``no_ir-direct``), as in the original code, which refuses
-citation without documents.
+Prompts (:data:`PROMPT_TEMPLATES`, ``bordirlines_prompts.yaml``): the paper's Table 5
+verbatim (bordirlines.txt L483-493). ``direct`` (the system prompt, documents as ``Document:
+i`` / ``Text:`` with 0-based ids, the instruction, the query, the lettered options,
+``Answer:``) is the format of every CS metric of the paper (Fig. 3, Table 4: "in the direct
+answer format", L477) and the default. ``citation`` is Command-R's grounded-generation prompt
+(System and User Preamble as the system message; ``Cited Documents:``, ``Chosen Option:``,
+``Explanation:`` with ``<docN>`` citations, N from 0), the format of the citation analysis
+(Section 5.2, Fig. 4). ``no_ir`` has no passages to cite, so it is always run with the direct
+prompt (setting ``no_ir-direct``), as in the original code, which refuses citation without
+documents.
 
 Metrics (:func:`score`): the BorderLines concurrence scores, computed as the original
 ``calculate_CS.py`` does and under its field names (``KB CS``, ``Control CS``, ``Non-control
-CS``, ``Delta CS``...), per (model, setting) over territories; plus, per document language,
-the share of cited passages (citation rate) against the share of shown passages (retrieval
-rate), the paper's analysis of how responses use multilingual documents.
+CS``, ``Delta CS``...), per (model, setting) over territories, and the expected scores of a
+uniformly random answer (the paper's RANDOM row); plus, for citation settings, the paper's
+citation rate (cr) and inclusion rate (nr) per document language, computed per query and
+averaged over the queries of each query language (L140-142). :func:`tables` prints Table 4
+(rows model x IR mode) with the published numbers of ``configs/bordirlines.expected.yaml``
+beside xling's where the model, mode, prompt and retriever match.
 """
 
 from __future__ import annotations
@@ -56,12 +66,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from xling.tasks.languages import UnknownLanguageError, validate_languages
 
 __all__ = [
     "MODES",
     "PROMPTS",
+    "PROMPT_TEMPLATES",
     "RETRIEVERS",
     "STUDY",
     "check_options",
@@ -69,6 +81,7 @@ __all__ = [
     "load_borderlines",
     "load_docs",
     "load_hits",
+    "load_published",
     "load_queries",
     "map_option",
     "parse_citation",
@@ -76,6 +89,8 @@ __all__ = [
     "parser_for",
     "prompt_cells",
     "build_prompts",
+    "render_citation",
+    "render_direct",
     "score",
     "tables",
 ]
@@ -94,22 +109,29 @@ _HITS_MODE = {"qlang": "qlang", "rel_langs": "rel_langs", "qlang_en": "qlang_en"
               "swap": "qlang"}
 
 DEFAULTS = {
-    "retriever": "m3",
+    # The paper's main results use OpenAI embeddings (text-embedding-3-large): "We mainly
+    # report results using OpenAI embeddings" (bordirlines.txt L123); M3 is the alternative.
+    "retriever": "openai",
     "modes": ["no_ir", "qlang", "rel_langs"],
-    "prompts": ["citation"],
+    # Every CS metric of the paper (Fig. 3, Table 4) is computed on the direct format
+    # (L146, L477); citation is the format of the citation analysis (Section 5.2).
+    "prompts": ["direct"],
     # The paper's generation runs use the top 10 passages per query (generation.py
     # --num_paragraphs default 10; the hub README loads n_hits=10).
     "k": 10,
     "max_doc_words": 300,
     "bootstrap": 1000,
+    "expected": None,
 }
 OPTION_KEYS = ("data", "docs", "retriever", "modes", "prompts", "langs", "k", "territories",
-               "max_doc_words", "bootstrap")
+               "max_doc_words", "bootstrap", "expected")
 
-# The system prompt of the BordIRLines generation code (vanilla role), which is also the first
-# sentence of BorderLines' system_prompts/vanilla.txt.
-SYSTEM_PROMPT = ("You are a geopolitical expert. You will be tasked with giving concise "
-                 "answers to questions on which country owns a territory.")
+# The paper's Table 5 prompts (bordirlines_prompts.yaml; each text cites its line of
+# papers/bordirlines.txt there).
+PROMPT_TEMPLATES: dict[str, str] = yaml.safe_load(
+    (Path(__file__).with_name("bordirlines_prompts.yaml")).read_text("utf-8"))
+# The system prompt of the direct format ("System Prompt", Table 5, bordirlines.txt L484).
+SYSTEM_PROMPT = PROMPT_TEMPLATES["system"]
 
 
 def _err(key: str, what: str, fix: str) -> ValueError:
@@ -267,10 +289,19 @@ def _load_queries(stamp: tuple) -> dict[str, dict]:
     return out
 
 
+def queries_file(data: str | os.PathLike) -> Path:
+    """The ``queries.tsv`` of a hub-layout directory: ``<data>/queries.tsv``, or
+    ``<data>/data/queries.tsv`` where the hub's writer (parse_search_results.py) puts it,
+    next to ``all_docs.json`` and the hits."""
+    top = Path(data) / "queries.tsv"
+    nested = Path(data) / "data" / "queries.tsv"
+    return nested if not top.is_file() and nested.is_file() else top
+
+
 def load_queries(data: str | os.PathLike) -> dict[str, dict]:
     """``queries.tsv`` -> {query_id: {query_id, text, territory, lang}} in file order
     (language ``control`` is read as ``en``; a repeated query_id keeps its first row)."""
-    return _load_queries(_stamp(Path(data) / "queries.tsv"))
+    return _load_queries(_stamp(queries_file(data)))
 
 
 def _hits_paths(data: Path, lang: str, retriever: str, mode_dir: str) -> list[Path]:
@@ -372,10 +403,13 @@ def check_options(raw: Mapping | None) -> dict:
     * ``docs``: the passages JSON ``{lang: {doc_id: text}}``; default ``<data>/docs.json``, or
       the hub's ``<data>/data/all_docs.json`` when that is the file present. Needed only
       when a mode other than ``no_ir`` is run.
-    * ``retriever``: ``m3`` (BGE-M3 hits, default) or ``openai``.
+    * ``retriever``: ``openai`` (default: text-embedding-3-large, the hits of the paper's
+      main results, bordirlines.txt L123) or ``m3`` (BGE-M3 hits); the hits of
+      ``data/<lang>/<retriever>/<mode>/``.
     * ``modes``: default ``[no_ir, qlang, rel_langs]``; any of :data:`MODES`.
-    * ``prompts``: default ``[citation]``; any of :data:`PROMPTS` (``no_ir`` always uses the
-      direct prompt: there is nothing to cite).
+    * ``prompts``: default ``[direct]`` (the format of the paper's CS metrics, Table 4);
+      add ``citation`` for the citation analysis (``no_ir`` always uses the direct prompt:
+      there is nothing to cite).
     * ``langs``: query languages; default every language in ``queries.tsv``. Codes are
       checked against ``xling/tasks/languages.py`` (``zhs``, ``zht``, ``iw`` as the data
       writes them; aliases such as ``he`` are turned into the data's code).
@@ -388,6 +422,8 @@ def check_options(raw: Mapping | None) -> dict:
       Wikipedia paragraphs are almost always shorter; the cap bounds a 10-passage prompt.
     * ``bootstrap``: resamples of territories for the 95% percentile intervals of the CS
       metrics, default 1000 (seed 0); 0 turns the intervals off.
+    * ``expected``: the paper's published numbers (``configs/bordirlines.expected.yaml``),
+      shown beside xling's in :func:`tables`; default none (xling's numbers only).
     """
     if raw is None:
         raw = {}
@@ -408,8 +444,8 @@ def check_options(raw: Mapping | None) -> dict:
     if not data_p.is_dir():
         raise _err("data", f"{str(data_p)!r} is not a directory",
                    "give the directory that holds queries.tsv and data/")
-    if not (data_p / "queries.tsv").is_file():
-        raise _err("data", f"no queries.tsv in {str(data_p)!r}",
+    if not queries_file(data_p).is_file():
+        raise _err("data", f"no queries.tsv in {str(data_p)!r} (nor in its data/)",
                    "point it at the root of the hub layout (queries.tsv with query_id, "
                    "query_text, territory, language)")
     opts["data"] = str(data_p.resolve())
@@ -426,6 +462,20 @@ def check_options(raw: Mapping | None) -> dict:
                                     minimum=1, allow_none=True)
     opts["bootstrap"] = _as_int("bootstrap", raw.get("bootstrap", DEFAULTS["bootstrap"]),
                                 minimum=0)
+    expected = raw.get("expected")
+    if expected:
+        exp_p = Path(expected).expanduser()
+        if not exp_p.is_file():
+            raise _err("expected", f"{str(exp_p)!r} does not exist",
+                       "give configs/bordirlines.expected.yaml (the paper's numbers) or null")
+        try:
+            load_published(exp_p)
+        except (ValueError, yaml.YAMLError) as e:
+            raise _err("expected", f"cannot read {str(exp_p)!r} ({e})",
+                       "use the layout of configs/bordirlines.expected.yaml") from None
+        opts["expected"] = str(exp_p.resolve())
+    else:
+        opts["expected"] = None
 
     terr = raw.get("territories")
     root = _territory_root(terr)
@@ -527,7 +577,7 @@ def input_files(opts: Mapping) -> list[str]:
     """The local files the prompts depend on (for input fingerprints)."""
     data = Path(opts["data"])
     bl = _bl(opts)
-    files = [data / "queries.tsv", bl.root / "disputed_territories.csv",
+    files = [queries_file(data), bl.root / "disputed_territories.csv",
              bl.root / "countries_info.json", bl.root / "queries" / "prompts_q_mc.txt",
              bl.root / "queries" / "choices.txt"]
     for lang in opts["langs"]:
@@ -563,64 +613,59 @@ def truncate_words(text: str, max_words: int | None) -> str:
     return text
 
 
-def _options_block(options: Iterable[str]) -> str:
-    return "Options:\n" + "\n".join(f"{LETTERS[i]}) {o}" for i, o in enumerate(options))
+def _options_lines(options: Iterable[str]) -> str:
+    """The lettered options, one a line, as the authors' get_multiple_choice writes them."""
+    return "\n".join(f"{LETTERS[i]}) {o}" for i, o in enumerate(options))
 
 
-def _docs_block(texts: list[str]) -> str:
-    return "\n\n".join(f"<doc{i}>\n{t}\n</doc{i}>" for i, t in enumerate(texts, 1))
+def _fill(template: str, **values: str) -> str:
+    # str.replace, one placeholder at a time, in order: a value (a passage, a query) may hold
+    # braces or text that looks like a placeholder, and is never filled again.
+    out, rest = "", template
+    while rest:
+        hits = [(rest.find("{" + k + "}"), k) for k in values if "{" + k + "}" in rest]
+        if not hits:
+            return out + rest
+        pos, key = min(hits)
+        out += rest[:pos] + values[key]
+        rest = rest[pos + len(key) + 2:]
+    return out
 
 
-_RULE = ("Do not output any other text, and do not output an option that is not provided, "
-         "such as 'All' or 'None'. Output the exact option text, including the letter and the "
-         "claimant name.")
+def _documents(kind: str, texts: list[str]) -> str:
+    return "\n\n".join(_fill(PROMPT_TEMPLATES[f"{kind}_document"], document_id=str(i),
+                             document_text=t) for i, t in enumerate(texts))
 
 
-def _direct_messages(query: str, options: tuple[str, ...], docs: list[str] | None) -> list[dict]:
-    # The paper's direct prompt (BordIRLines generation_lib.get_user_prompt_direct): the
-    # passages, the instruction, the query, the lettered options, "Answer:".
-    parts = []
-    if docs is not None:
-        parts.append(_docs_block(docs))
-        source = "the provided documents and your prior knowledge"
+def render_direct(query: str, options: str, docs: list[str] | None) -> list[dict]:
+    """The paper's direct prompt (Table 5, bordirlines.txt L484, L486-487) as chat messages:
+    the system prompt, then the documents (``Document: 0`` / ``Text: ...``, ids from 0; none
+    for ``docs=None``, the no_ir prompt), the instruction, the query, the options, "Answer:".
+    ``options``: the lettered lines (:func:`_options_lines`)."""
+    t = PROMPT_TEMPLATES
+    if docs is None:
+        documents, source = "", t["direct_source_no_documents"]
     else:
-        source = "your prior knowledge"
-    parts.append(f"Instruction: Considering {source}, answer the query. You must choose one "
-                 f"of the provided options; {_RULE[0].lower()}{_RULE[1:]}")
-    parts.append(f"Query: {query}")
-    parts.append(_options_block(options))
-    parts.append("Answer:")
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": "\n\n".join(parts)}]
+        documents, source = _documents("direct", docs) + "\n\n", t["direct_source_documents"]
+    user = _fill(t["direct"], documents=documents, source=source, query=query, options=options)
+    return [{"role": "system", "content": t["system"]}, {"role": "user", "content": user}]
 
 
-def _citation_messages(query: str, options: tuple[str, ...], docs: list[str]) -> list[dict]:
-    # The paper's citation prompt: Command-R's grounded-generation instruction in "accurate"
-    # citation mode (BordIRLines generation/templates/rag_custom.jinja), used for every model;
-    # documents are tagged <doc1>..<docK> and cited as <docN>.
-    system = (f"{SYSTEM_PROMPT} You can read documents in many languages, but your answers "
-              "should always be in English. When you answer, cite your sources as instructed.")
-    instruction = (
-        "Instruction: Carefully perform the following instructions, in order, starting each "
-        "with a new line.\n"
-        "First, write 'Cited Documents:' followed by the tags of the documents that contain "
-        "facts that should be cited in a good answer to the query, for example <doc3> <doc5> "
-        "<doc1>.\n"
-        "Second, write 'Chosen Option:', and then choose one of the provided options, "
-        f"considering the provided documents and your prior knowledge. {_RULE}\n"
-        "Finally, write 'Explanation: because' followed by a fluent paragraph of 4-8 "
-        "sentences. Answer in English, regardless of the languages of the documents. "
-        "Throughout your answer, ground the facts by citing the relevant documents with the "
-        "tag <docN>, where N is exactly one document number, for example <doc1> or <doc2>. "
-        "Try to use all of the documents you cited in the first step.")
-    user = "\n\n".join([f"Documents:\n{_docs_block(docs)}", f"Query: {query}",
-                        _options_block(options), instruction])
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+def render_citation(query: str, options: str, docs: list[str]) -> list[dict]:
+    """The paper's citation prompt (Table 5, bordirlines.txt L488-491: Command-R's grounded-
+    generation prompt) as chat messages: the System and User Preambles as the system message
+    (as the authors' code sends it to chat models), then the query, the documents (ids from
+    0), the instruction and the options."""
+    t = PROMPT_TEMPLATES
+    user = _fill(t["citation_user"], query=query, documents=_documents("citation", docs),
+                 options=options)
+    return [{"role": "system", "content": t["citation_system"]},
+            {"role": "user", "content": user}]
 
 
 def _query_index(opts: Mapping) -> dict[tuple[str, str], dict]:
     """(territory, lang) -> query row (the first in queries.tsv)."""
-    return _query_index_of(_stamp(Path(opts["data"]) / "queries.tsv"), str(_bl(opts).root))
+    return _query_index_of(_stamp(queries_file(opts["data"])), str(_bl(opts).root))
 
 
 @functools.lru_cache(maxsize=4)
@@ -721,7 +766,7 @@ def build_prompts(opts: Mapping, setting: str, lang: str, *, translations=None) 
             continue
         text = query_tr.get(q["query_id"], q["text"])
         if mode == "no_ir":
-            row["prompt"] = _direct_messages(text, options, None)
+            row["prompt"] = render_direct(text, _options_lines(options), None)
             continue
         hits, error = _shown_hits(opts, mode, q)
         if error:
@@ -737,8 +782,9 @@ def build_prompts(opts: Mapping, setting: str, lang: str, *, translations=None) 
             continue
         texts = [truncate_words(doc_tr.get(h["doc_id"]) or docs[h["doc_id"]][1],
                                 opts.get("max_doc_words")) for h in hits]
-        row["prompt"] = (_direct_messages(text, options, texts) if prompt == "direct"
-                         else _citation_messages(text, options, texts))
+        row["prompt"] = (render_direct(text, _options_lines(options), texts)
+                         if prompt == "direct"
+                         else render_citation(text, _options_lines(options), texts))
     return rows
 
 
@@ -797,8 +843,9 @@ def _numbers(text: str) -> str:
 def parse_citation(text: str | None) -> Parsed:
     """A citation-prompt output -> ``{"cited", "option", "explanation", "cited_text"}``.
 
-    ``cited``: the document numbers after ``Cited Documents:`` (``<doc1> <doc3>``, ``1, 3``
-    or ``<doc1,3>`` -> ``"1,3"``); ``option``: the text after ``Chosen Option:`` (to the end
+    ``cited``: the document ids after ``Cited Documents:`` (the prompt's comma-separated
+    ``0, 3``, or tags ``<doc0> <doc3>`` or ``<doc0,3>`` -> ``"0,3"``; ids count from 0 as in
+    the prompt); ``option``: the text after ``Chosen Option:`` (to the end
     of its line, or ``Explanation:``); ``explanation``: the rest after ``Explanation:``;
     ``cited_text``: the ``<docN>`` numbers used in the explanation. Labels are matched case-
     insensitively, with markdown emphasis removed. No ``Chosen Option:`` is an error.
@@ -1092,12 +1139,19 @@ def score(opts: Mapping, generations: Iterable[Mapping], judgments=None
       variants), ``num_queries``, ``num_territories``; fractions in [0, 1]; 95% bootstrap
       intervals over territories for the means;
     * per query language and "all": ``errors`` and ``unmapped`` counts (n = generations);
-    * for citation settings, per query language and "all": ``citation_rate:<doc_lang>`` =
-      share of the cited passages (``Cited Documents`` and ``<docN>`` in the explanation,
-      distinct per answer) written in ``doc_lang``, and ``retrieval_rate:<doc_lang>`` = share
-      of the shown passages in ``doc_lang``, over the same answers (those with a parsed
-      output); n = passages counted. The paper compares the two to see which languages the
-      answers draw on. ``invalid_citations`` counts cited numbers outside 1..K.
+    * model ``RANDOM``, setting ``random``: the expected CS metrics of an answer drawn
+      uniformly from the options (1/k per territory with k claimants), over the territories
+      and languages of the run's queries: the paper's RANDOM row (Table 4);
+    * for citation settings, the paper's citation analysis (bordirlines.txt L140-142): per
+      answer, the inclusion rate nr(l) = share of the prompt's passages in language l and
+      the citation rate cr(l) = share of the cited passages (``Cited Documents`` and
+      ``<docN>`` in the explanation, distinct ids) in l; per query language, both averaged
+      over its queries ("We assign a cr and nr to a language by averaging over all its
+      queries"): ``citation_rate:<l>`` / ``inclusion_rate:<l>``, and ``citation_rate:qlang``
+      / ``inclusion_rate:qlang`` for l = the query language (Fig. 4); n = queries. The
+      queries are those with a parsed answer that cites at least one shown passage (the
+      others: ``no_citations``); ``invalid_citations`` counts ids outside 0..K-1. Under
+      "all", the ``qlang`` rates averaged over the query languages (n = languages).
     """
     bl = _bl(opts)
     queries = load_queries(opts["data"])
@@ -1144,6 +1198,8 @@ def score(opts: Mapping, generations: Iterable[Mapping], judgments=None
             continue
         if prompt == "citation" and mode != "no_ir":
             metrics += _citation_metrics(opts, queries, model, setting, mode, its)
+    if items:
+        metrics += _random_metrics(opts, bl, queries)
     out_items = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
     return out_items, metrics
 
@@ -1187,10 +1243,45 @@ def _count_metrics(model, setting, its) -> list[dict]:
     return out
 
 
+def _random_metrics(opts, bl, queries) -> list[dict]:
+    """The paper's RANDOM row: the expected CS metrics of a uniformly random option, over
+    the territories of the run's queries (the query languages in ``opts["langs"]``). Each
+    expected concurrence is 1/k for a territory with k claimants (a random answer names the
+    controller, or agrees with another random answer, with probability 1/k); each metric
+    keeps the scope it has for a model: KB over known controllers with an English query,
+    Control over those with a controller-language query, Non over those with another
+    claimant-language query, consistency over territories with two or more claimant-
+    language queries."""
+    langs_of: dict[str, set[str]] = defaultdict(set)
+    for q in queries.values():
+        terr = bl.territory(q["territory"])
+        if terr is not None and q["lang"] in opts["langs"]:
+            langs_of[terr.name].add(q["lang"])
+    nan = math.nan
+    rows = []
+    for name, langs in langs_of.items():
+        terr = bl.territories[name]
+        p = 1.0 / len(terr.claimants)
+        claim = [lang for lang in terr.langs() if lang in langs]
+        known = terr.known
+        rows.append(_TerritoryCS(
+            unknown=not known, kb=p if known and "en" in langs else nan,
+            control=p if known and terr.controller_lang in claim else nan,
+            non=p if known and any(lang != terr.controller_lang for lang in claim) else nan,
+            cons=p if len(claim) >= 2 else nan, n_countries=0, n_countries_en=0,
+            n_queries=len(langs)))
+    stats = _cs_stats(rows)
+    keep = ("KB CS", "Control CS", "Non-control CS", "Delta CS", "Delta CS unnormalized",
+            "Consistency CS unk", "Consistency CS all", "num_territories")
+    return [_metric("random", "all", "RANDOM", k, stats[k][0], stats[k][1]) for k in keep]
+
+
 def _citation_metrics(opts, queries, model, setting, mode, its) -> list[dict]:
-    shown_n: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    cited_n: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    # per query language: one (nr, cr) pair of {doc_lang: share} per counted answer
+    per_lang: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
     invalid: dict[str, int] = defaultdict(int)
+    uncited: dict[str, int] = defaultdict(int)
+    answers: dict[str, int] = defaultdict(int)
     for it in its:
         parsed = it["_parsed"]
         q = queries.get(str(it["item_id"]))
@@ -1199,25 +1290,51 @@ def _citation_metrics(opts, queries, model, setting, mode, its) -> list[dict]:
         hits, err = _shown_hits(opts, mode, q)
         if err:
             continue
-        for key in ("all", it["lang"]):
-            for h in hits:
-                shown_n[key][h["doc_lang"]] += 1
-            for num in _cited_numbers(parsed):
-                if 1 <= num <= len(hits):
-                    cited_n[key][hits[num - 1]["doc_lang"]] += 1
-                else:
-                    invalid[key] += 1
+        lang = q["lang"]
+        answers[lang] += 1
+        nums = _cited_numbers(parsed)
+        valid = [n for n in nums if 0 <= n < len(hits)]  # ids count from 0, as in the prompt
+        invalid[lang] += len(nums) - len(valid)
+        if not valid:
+            uncited[lang] += 1
+            continue
+        nr: dict[str, float] = defaultdict(float)
+        for h in hits:
+            nr[h["doc_lang"]] += 1 / len(hits)
+        cr: dict[str, float] = defaultdict(float)
+        for n in valid:
+            cr[hits[n]["doc_lang"]] += 1 / len(valid)
+        per_lang[lang].append((nr, cr))
     out = []
-    for key in sorted(shown_n, key=lambda k: (k != "all", k)):
-        s_tot = sum(shown_n[key].values())
-        c_tot = sum(cited_n[key].values())
-        for dl in sorted(shown_n[key]):
-            out.append(_metric(setting, key, model, f"retrieval_rate:{dl}",
-                               shown_n[key][dl] / s_tot, s_tot))
-            out.append(_metric(setting, key, model, f"citation_rate:{dl}",
-                               cited_n[key][dl] / c_tot if c_tot else None, c_tot))
-        out.append(_metric(setting, key, model, "invalid_citations", invalid[key],
-                           c_tot + invalid[key]))
+    own_cr, own_nr = [], []
+    for lang in sorted(answers):
+        pairs = per_lang.get(lang, [])
+        n = len(pairs)
+        if n:
+            for dl in sorted({dl for nr, _ in pairs for dl in nr}):
+                out.append(_metric(setting, lang, model, f"inclusion_rate:{dl}",
+                                   sum(nr.get(dl, 0.0) for nr, _ in pairs) / n, n))
+                out.append(_metric(setting, lang, model, f"citation_rate:{dl}",
+                                   sum(cr.get(dl, 0.0) for _, cr in pairs) / n, n))
+            nr_q = sum(nr.get(lang, 0.0) for nr, _ in pairs) / n
+            cr_q = sum(cr.get(lang, 0.0) for _, cr in pairs) / n
+            own_nr.append(nr_q)
+            own_cr.append(cr_q)
+            out.append(_metric(setting, lang, model, "inclusion_rate:qlang", nr_q, n))
+            out.append(_metric(setting, lang, model, "citation_rate:qlang", cr_q, n))
+        out.append(_metric(setting, lang, model, "no_citations", uncited[lang], answers[lang]))
+        out.append(_metric(setting, lang, model, "invalid_citations", invalid[lang],
+                           answers[lang]))
+    if answers:
+        k = len(own_cr)
+        out.append(_metric(setting, "all", model, "inclusion_rate:qlang",
+                           sum(own_nr) / k if k else None, k))
+        out.append(_metric(setting, "all", model, "citation_rate:qlang",
+                           sum(own_cr) / k if k else None, k))
+        out.append(_metric(setting, "all", model, "no_citations", sum(uncited.values()),
+                           sum(answers.values())))
+        out.append(_metric(setting, "all", model, "invalid_citations", sum(invalid.values()),
+                           sum(answers.values())))
     return out
 
 
@@ -1225,87 +1342,204 @@ def _citation_metrics(opts, queries, model, setting, mode, its) -> list[dict]:
 # Report table
 # ======================================================================================
 
-TABLE_METRICS = (("KB CS", "KB"), ("Control CS", "Con"), ("Non-control CS", "Non"),
-                 ("Delta CS", "ΔCS"), ("Consistency CS all", "Cst"),
-                 ("Consistency CS unk", "Cst unk"), ("Response Countries mean", "#countries"))
+# Table 4's columns (bordirlines.txt L466): (xling metric, the paper's header).
+TABLE_METRICS = (("KB CS", "KB CS"), ("Control CS", "Con CS"), ("Non-control CS", "Non CS"),
+                 ("Delta CS", "ΔCS"), ("Delta CS unnormalized", "ΔCS abs"),
+                 ("Consistency CS unk", "Cst CS (unk)"), ("Consistency CS all", "Cst CS (all)"),
+                 ("Response Countries mean", "# Country, mean"),
+                 ("Response Countries σ", "# Country, std dev"))
+
+
+def load_published(path: str | os.PathLike) -> dict:
+    """The paper's numbers (``configs/bordirlines.expected.yaml``) -> ``{"source",
+    "retriever", "prompt", "aliases": {xling model name: paper label}, "table4": {(label,
+    mode): {metric: value}}, "citation": {"model", "mode", "langs": {lang: {"cr", "nr"}}}}``.
+    Values as printed (CS in %); ``None`` where the paper prints none."""
+    return _load_published(_stamp(Path(path)))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_published(stamp: tuple) -> dict:
+    raw = yaml.safe_load(Path(stamp[0]).read_text("utf-8"))
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("table4"), Mapping):
+        raise ValueError("no `table4:` mapping")
+    columns = raw.get("columns")
+    known = [m for m, _ in TABLE_METRICS]
+    if not isinstance(columns, list) or any(c not in known for c in columns):
+        raise ValueError(f"`columns:` must list metrics among {known}")
+    table4: dict[tuple[str, str], dict[str, float | None]] = {}
+    for label, rows in raw["table4"].items():
+        if not isinstance(rows, Mapping):
+            raise ValueError(f"table4.{label}: expected {{mode: [values]}}")
+        for mode, values in rows.items():
+            if mode not in MODES and mode != "random":
+                raise ValueError(f"table4.{label}.{mode}: not a mode of {MODES}")
+            if not isinstance(values, list) or len(values) != len(columns):
+                raise ValueError(f"table4.{label}.{mode}: expected {len(columns)} values")
+            table4[(str(label), mode)] = {
+                c: None if v is None else float(v) for c, v in zip(columns, values)}
+    aliases: dict[str, str] = {}
+    for label, names in (raw.get("models") or {}).items():
+        for name in [label, *(names or [])]:
+            aliases[str(name).casefold()] = str(label)
+    return {"source": raw.get("source", stamp[0]), "retriever": raw.get("retriever"),
+            "prompt": raw.get("prompt", "direct"), "aliases": aliases, "table4": table4,
+            "citation": raw.get("citation") or {}}
+
+
+def _is_cs(metric: str) -> bool:
+    return not metric.startswith("Response Countries")
 
 
 def _fmt(metric: str, v) -> str:
+    """A value as the paper prints it: CS (and rates) x100 with one decimal, # Country with
+    three."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if metric.startswith("Response Countries"):
-        return f"{v:.2f}"
+        return f"{v:.3f}"
     return f"{100 * v:.1f}"
 
 
-def tables(metrics: Iterable[Mapping]) -> str:
-    """Markdown in the shape of the paper's Table 4: one row per model × prompt, and for each
-    CS metric one column per retrieval mode (no_ir, qlang, rel_langs, then the others run).
-    CS values in %, #countries as a mean. ``no_ir`` is run with the direct prompt only, so its
-    column shows the ``no_ir-direct`` numbers in every prompt's row. Then citation vs
-    retrieval rate per document language, and the error/unmapped counts."""
+def _beside(metric: str, ours, paper) -> str:
+    """xling's value, and where the paper has one: ``ours (paper; ours - paper)``."""
+    text = _fmt(metric, ours)
+    if paper is None:
+        return text
+    scale, digits = (100.0, 1) if _is_cs(metric) else (1.0, 3)
+    p = f"{paper:.{digits}f}"
+    if ours is None or (isinstance(ours, float) and math.isnan(ours)):
+        return f"{text} ({p}; –)"
+    return f"{text} ({p}; {scale * ours - paper:+.{digits}f})"
+
+
+def _paper_label(published: dict | None, model: str) -> str | None:
+    return (published or {}).get("aliases", {}).get(str(model).casefold())
+
+
+def tables(metrics: Iterable[Mapping], options: Mapping | None = None) -> str:
+    """Markdown: the paper's Table 4 (bordirlines.txt L466-477) for each prompt run, rows
+    model x IR mode (no_ir, qlang, qlang_en, en, rel_langs, swap; the paper's qlang+en,
+    en_only and swap_docs) after the RANDOM row, columns KB CS, Con CS, Non CS, ΔCS, ΔCS
+    abs, Cst CS (unk), Cst CS (all), # Country mean and std dev; CS in %. ``no_ir`` runs
+    with the direct prompt only, so its rows are the ``no_ir-direct`` numbers in every
+    prompt's table.
+
+    With ``options["expected"]`` (the study options; the paper's numbers, :func:`load_published`), a cell whose
+    model, mode, prompt and retriever the paper ran shows ``xling (paper; xling - paper)``;
+    the other cells show xling's number only. Then, for citation settings, the citation and
+    inclusion rates of the query language's own documents per query language (Fig. 4;
+    beside the paper's where it quotes them), and the answers left out of the CS metrics."""
     rows = [m for m in metrics if m.get("study", STUDY) == STUDY]
     cs: dict[tuple[str, str, str], float | None] = {}
-    models, prompts, modes = [], [], []
+    models, prompts, modes_of = [], [], defaultdict(list)
     for m in rows:
+        if m.get("lang") != "all":
+            continue
+        if m.get("setting") == "random":
+            cs[("RANDOM", "random", m["metric"])] = m["value"]
+            continue
         try:
             mode, prompt = _split_setting(m["setting"])
         except (ValueError, KeyError):
             continue
-        if m["lang"] != "all":
-            continue
         cs[(m["model"], m["setting"], m["metric"])] = m["value"]
         if m["model"] not in models:
             models.append(m["model"])
-        if mode not in modes:
-            modes.append(mode)
-        if prompt not in prompts and mode != "no_ir":
+        if mode not in modes_of[m["model"]]:
+            modes_of[m["model"]].append(mode)
+        if prompt not in prompts:
             prompts.append(prompt)
-    if not cs:
+    if not models:
         return "_No BordIRLines metrics._\n"
-    modes = [x for x in MODES if x in modes]
-    prompts = [p for p in PROMPTS if p in prompts] or ["direct"]
+    prompts = [p for p in PROMPTS if p in prompts]
+    opts = options or {}
+    published = load_published(opts["expected"]) if opts.get("expected") else None
+    retriever = opts.get("retriever")
 
-    def value(model, mode, prompt, metric):
-        if mode == "no_ir":
-            return cs.get((model, "no_ir-direct", metric),
-                          cs.get((model, "no_ir-citation", metric)))
-        return cs.get((model, f"{mode}-{prompt}", metric))
+    def paper(model: str, mode: str, prompt: str) -> dict | None:
+        if published is None:
+            return None
+        if mode == "random":
+            return published["table4"].get(("RANDOM", "random"))
+        label = _paper_label(published, model)
+        if label is None or prompt != published["prompt"]:
+            return None
+        if mode != "no_ir" and retriever != published["retriever"]:
+            return None  # no_ir has no retrieval: comparable whatever the retriever
+        return published["table4"].get((label, mode))
 
-    head = ["model", "prompt"] + [f"{short}: {mode}"
-                                  for _, short in TABLE_METRICS for mode in modes]
-    lines = ["### BordIRLines concurrence scores (%, Table 4 layout)", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for model in models:
-        for prompt in prompts:
-            cells = [str(model), prompt] + [_fmt(metric, value(model, mode, prompt, metric))
-                                            for metric, _ in TABLE_METRICS for mode in modes]
+    head = ["model", "IR mode"] + [h for _, h in TABLE_METRICS]
+    lines: list[str] = []
+    for prompt in prompts:
+        if lines:
+            lines.append("")
+        if prompt == "direct":
+            lines.append("### BordIRLines Table 4: concurrence scores, direct prompt (%)")
+        else:
+            lines.append("### BordIRLines concurrence scores, citation prompt (%; the paper's "
+                         "Table 4 is the direct prompt's; no_ir rows are the direct prompt's)")
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        table_rows = []
+        if prompt == "direct" and any(k[0] == "RANDOM" for k in cs):
+            table_rows.append(("", "RANDOM", "random", paper("", "random", prompt)))
+        for model in models:
+            for mode in [x for x in MODES if x in modes_of[model]]:
+                setting = "no_ir-direct" if mode == "no_ir" else f"{mode}-{prompt}"
+                if not any(k[0] == model and k[1] == setting for k in cs):
+                    continue
+                table_rows.append((str(model), mode, setting, paper(model, mode, prompt)))
+        for model, mode, setting, pub in table_rows:
+            key = "RANDOM" if setting == "random" else model
+            cells = [model, mode] + [
+                _beside(metric, cs.get((key, setting, metric)), (pub or {}).get(metric))
+                for metric, _ in TABLE_METRICS]
             lines.append("| " + " | ".join(cells) + " |")
+    if published is not None:
+        lines += ["", f"Published numbers: {published['source']}, Table 4 (the direct prompt, "
+                  f"{published['retriever']} retrieval). A cell with one shows "
+                  "`xling (paper; xling − paper)`, where the model, the IR mode, the prompt "
+                  "and the retriever match (no_ir for any retriever); the others show "
+                  "xling's number only. The paper's modes qlang+en, en_only and swap_docs "
+                  "are qlang_en, en and swap here."]
 
-    # (model, setting) -> doc lang -> [citation rate, retrieval rate]
-    rates: dict[tuple[str, str], dict[str, list]] = defaultdict(
-        lambda: defaultdict(lambda: [None, None]))
+    # Citation analysis (Fig. 4): cr / nr of the query language's own documents.
+    cite: dict[tuple[str, str], dict[str, dict[str, tuple]]] = defaultdict(
+        lambda: defaultdict(dict))
+    for m in rows:
+        if m["metric"] in ("citation_rate:qlang", "inclusion_rate:qlang", "no_citations"):
+            cite[(m["model"], m["setting"])][m["lang"]][m["metric"]] = (m["value"], m["n"])
+    if cite:
+        lines += ["", "### Citation rate (cr) and inclusion rate (nr) of the query language's "
+                  "documents (%, averaged over each query language's queries; Fig. 4)", "",
+                  "| model | setting | query language | cr(l_q) | nr(l_q) | queries | "
+                  "answers citing nothing |", "|---|---|---|---|---|---|---|"]
+        pc = (published or {}).get("citation") or {}
+        for (model, setting), by_lang in cite.items():
+            mode, _ = _split_setting(setting)
+            match = (published is not None and pc
+                     and _paper_label(published, model) == pc.get("model")
+                     and mode == pc.get("mode") and retriever == published["retriever"])
+            for lang in sorted(by_lang, key=lambda x: (x != "all", x)):
+                r = by_lang[lang]
+                pub = (pc.get("langs") or {}).get(lang) if match else None
+                cr, n = r.get("citation_rate:qlang", (None, 0))
+                nr, _ = r.get("inclusion_rate:qlang", (None, 0))
+                nc = r.get("no_citations")
+                label = "all (mean over languages)" if lang == "all" else lang
+                unit = "languages" if lang == "all" else "queries"
+                lines.append(
+                    f"| {model} | {setting} | {label} | "
+                    f"{_beside('', cr, (pub or {}).get('cr'))} | "
+                    f"{_beside('', nr, (pub or {}).get('nr'))} | {n} {unit} | "
+                    f"{int(nc[0]) if nc else 0} of {nc[1] if nc else 0} |")
+
     counts: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for m in rows:
-        if m.get("lang") != "all":
-            continue
-        key = (m["model"], m["setting"])
-        if m["metric"].startswith("citation_rate:"):
-            rates[key][m["metric"].split(":", 1)[1]][0] = m["value"]
-        elif m["metric"].startswith("retrieval_rate:"):
-            rates[key][m["metric"].split(":", 1)[1]][1] = m["value"]
-        elif m["metric"] in ("errors", "unmapped"):
+        if m.get("lang") == "all" and m["metric"] in ("errors", "unmapped"):
+            key = (m["model"], m["setting"])
             counts[key][m["metric"]] = m["value"]
             counts[key]["n"] = m["n"]
-    if rates:
-        langs = sorted({dl for r in rates.values() for dl in r})
-        lines += ["", "### Citation rate / retrieval rate per document language (%)", "",
-                  "| model | setting | " + " | ".join(langs) + " |",
-                  "|" + "---|" * (len(langs) + 2)]
-        for (model, setting), r in rates.items():
-            cells = [f"{_fmt('', r[dl][0])} / {_fmt('', r[dl][1])}" if dl in r else "–"
-                     for dl in langs]
-            lines.append(f"| {model} | {setting} | " + " | ".join(cells) + " |")
     if counts:
         lines += ["", "### Answers left out of the CS metrics", "",
                   "| model | setting | generations | errors | unmapped |", "|---|---|---|---|---|"]

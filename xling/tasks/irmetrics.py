@@ -289,3 +289,77 @@ def metric_rows(per_query: Mapping[str, Mapping[str, float]], *, study: str, set
         rows += [{**base, "metric": m, "query_id": q, "value": float(per_query[q][m]), "n": 1}
                  for q in sorted(per_query)]
     return rows
+
+
+# ---------------------------------------------------------------------------------------
+# LLM-CLIR tables (Tables 2-7): rows are systems, columns are language pairs plus AVG, `*`
+# where the paired t-test against the first stage gives p < 0.05 (llm-clir.txt L143).
+
+SIGNIFICANCE = 0.05
+
+
+def pair_label(qlang: str, doc_lang: str) -> str:
+    """The paper's column name of a language pair: queries en, documents ha -> "EN-HA"."""
+    return f"{qlang}-{doc_lang}".upper()
+
+
+def average(values: Iterable[float]) -> float:
+    """The AVG column: the unweighted mean over language pairs of the per-pair means (each
+    pair counts once, whatever its number of queries); nan if a pair is missing (nan)."""
+    values = list(values)
+    if not values or any(v is None or math.isnan(v) for v in values):
+        return float("nan")
+    return math.fsum(values) / len(values)
+
+
+def significant(p: float | None) -> bool:
+    return p is not None and not math.isnan(p) and p < SIGNIFICANCE
+
+
+def parse_published(value) -> tuple[float, bool]:
+    """A number as a paper's table prints it -> (value, marked): "0.419*" -> (0.419, True)."""
+    if isinstance(value, (int, float)):
+        return float(value), False
+    text = str(value).strip()
+    return float(text.rstrip("* ").strip()), text.endswith("*")
+
+
+def pri_on_average(first: Iterable[float], oracle: Iterable[float],
+                   reranked: Iterable[float]) -> dict[str, float]:
+    """PRI and Realized % as the paper computes them (llm-clir.txt L249-257): on the AVG
+    column, s1 = AVG of the first stage, s* = AVG of its oracle, s2 = AVG of the reranker,
+    not as a mean of per-pair ratios. E.g. CLEF, NV-Embed-v2 and RankGPT-4.1 (DT):
+    PRI = 0.586 - 0.323 = 0.263, Realized = (0.443 - 0.323) / 0.263 = 45.6 %."""
+    s1, s_star, s2 = average(first), average(oracle), average(reranked)
+    return {"s1": s1, "s_star": s_star, "s2": s2, "pri": pri(s_star, s1),
+            "realized_pct": realized(s1, s2, s_star)}
+
+
+def pairs_table(rows: list[dict], pairs: list[str], *, digits: int = 3,
+                title: str | None = None) -> str:
+    """A markdown table in the paper's shape. Each row: {"label", "values": {pair: v},
+    "sig": {pair: bool}} and optionally "avg" (else the mean of the pairs), "note" (a last
+    column, e.g. the paper's number beside ours) and "section" (a row of its own, in italics,
+    before the row, as the paper groups its rows)."""
+    def fmt(v, star=False):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "n/a"
+        return f"{v:.{digits}f}" + ("*" if star else "")
+
+    has_note = any("note" in r for r in rows)
+    head = ["", *pairs, "AVG"] + (["paper / Δ AVG"] if has_note else [])
+    lines = ([f"### {title}", ""] if title else []) + [
+        "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    section = None
+    for r in rows:
+        if r.get("section") and r["section"] != section:
+            section = r["section"]
+            lines.append(f"| *{section}* |" + " |" * (len(head) - 1))
+        values = r.get("values", {})
+        sig = r.get("sig", {})
+        avg = r.get("avg", average(values.get(p, float("nan")) for p in pairs))
+        cells = [r["label"], *(fmt(values.get(p), sig.get(p, False)) for p in pairs), fmt(avg)]
+        if has_note:
+            cells.append(r.get("note", ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

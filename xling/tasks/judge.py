@@ -6,8 +6,8 @@ Pure Python; scikit-learn only for Cohen's kappa, imported when it is asked for.
 
 Conventions (the evaluate stage and the study modules rely on them):
 
-* A judge's output is a JSON object with a ``verdict`` of ``"correct"`` or ``"incorrect"``
-  (:func:`parse_verdict`). An output that does not parse, or a judge call that failed, is a
+* A judge's output is a JSON object with a ``verdict`` (or, as XRAG's Figure 20 asks, an
+  ``answer``) of ``"correct"`` or ``"incorrect"`` (:func:`parse_verdict`). An output that does not parse, or a judge call that failed, is a
   *missing* vote (``None``), never a vote either way.
 * :func:`majority_vote` counts the valid votes only. ``correct`` needs a strict majority of
   them: **a tie is not correct** (one ``correct`` and one ``incorrect`` vote, with the third
@@ -44,7 +44,7 @@ def normalize_verdict(value: Any) -> str | None:
         return "correct" if value else "incorrect"
     if not isinstance(value, str):
         return None
-    v = value.strip().strip(".!\"'`*").strip().lower()
+    v = value.strip().strip(".!\"'`*[]").strip().lower()
     return v if v in VERDICTS else None
 
 
@@ -99,8 +99,8 @@ def parse_verdict(text: str | None) -> tuple[dict | None, str | None]:
 
     Tolerates ```` ```json ```` fences, prose around the object, single-quoted keys and
     values, and any case (``{"Verdict": "Correct"}``). The first object that has a
-    ``verdict`` key decides; a ``verdict`` other than correct/incorrect is an error, not a
-    guess. Bare words without an object (``"Correct."``) are errors too: the prompt asks for
+    ``verdict`` key (else ``answer``, XRAG's Figure 20 key, with ``justification`` as the
+    reason) decides; a verdict other than correct/incorrect is an error, not a guess. Bare words without an object (``"Correct."``) are errors too: the prompt asks for
     JSON, and "incorrect" contains "correct".
     """
     if text is None:
@@ -117,19 +117,24 @@ def parse_verdict(text: str | None) -> tuple[dict | None, str | None]:
             continue
         seen_object = True
         keys = {str(k).strip().lower(): k for k in obj}
-        if "verdict" not in keys:
+        # "verdict", or "answer" as in XRAG's judge prompt (xrag.txt L673-676, Figure 20)
+        key = next((k for k in ("verdict", "answer") if k in keys), None)
+        if key is None:
             continue
-        raw = obj[keys["verdict"]]
+        raw = obj[keys[key]]
+        if isinstance(raw, list) and len(raw) == 1:  # "answer": ["correct"], as templated
+            raw = raw[0]
         verdict = normalize_verdict(raw)
         if verdict is None:
-            return None, f"verdict must be 'correct' or 'incorrect', got {raw!r}"
+            return None, f"{key} must be 'correct' or 'incorrect', got {raw!r}"
         out = {"verdict": verdict}
-        reason = obj.get(keys["reason"]) if "reason" in keys else None
+        why = next((k for k in ("reason", "justification") if k in keys), None)
+        reason = obj.get(keys[why]) if why else None
         if reason is not None:
             out["reason"] = reason if isinstance(reason, str) else json.dumps(reason)
         return out, None
     if seen_object:
-        return None, "JSON object without a 'verdict' key"
+        return None, "JSON object without a 'verdict' key (or XRAG's 'answer')"
     return None, "no JSON object in the judge output"
 
 

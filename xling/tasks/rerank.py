@@ -8,9 +8,16 @@ string per prompt, None for a failed call), so that:
 - a scripted judge can test the control flow (tests/test_rerank.py), and the rerank stage
   plugs in a real engine (jobs/rerank.py).
 
-Prompts follow the LLM-CLIR paper's appendix, which takes them from RankGPT (Sun et al.,
-2023) / RankZephyr (Pradeep et al., 2023) for listwise and from PRP (Qin et al., 2024,
-"PRP-Sliding-K") for pairwise.
+Prompts are the LLM-CLIR paper's Figures 3 and 4 (Appendix A), read from
+`rerank_prompts.yaml` next to this module, which cites the figure lines. Where the paper's
+implementations differ from the figures (rank_llm for listwise, ielab/llm-rankers for PRP),
+the difference is an option, never a silent change:
+- PRP `prompt_style="llm_rankers"`: llm-rankers' quoted prompt; `passage_token` answers:
+  the engine continues " Passage:" by one token (see `parse_passage_token`);
+- PRP `restore_tail`: llm-rankers returns the sorted top-k, then every other candidate in
+  its first-stage order (not in the order the bubble passes left it);
+- listwise `fit`: rank_llm shrinks the passages until the window's prompt fits the context
+  (`fit_listwise`) instead of sending a prompt the engine must refuse.
 """
 
 from __future__ import annotations
@@ -18,12 +25,23 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Optional
 
 Complete = Callable[[list], list[Optional[str]]]
 
-LISTWISE_SYSTEM = ("You are RankLLM, an intelligent assistant that can rank passages based on "
-                   "their relevancy to the query.")
+
+@lru_cache(maxsize=1)
+def prompt_templates() -> dict:
+    """The templates of rerank_prompts.yaml (LLM-CLIR Figures 3 and 4)."""
+    import yaml
+
+    return yaml.safe_load(Path(__file__).with_name("rerank_prompts.yaml").read_text("utf-8"))
+
+
+LISTWISE_SYSTEM = prompt_templates()["listwise"]["system"]
+PASSAGE_PREFIX = prompt_templates()["pairwise"]["answer_prefix"]  # " Passage:"
 
 
 @dataclass
@@ -45,6 +63,7 @@ class Reranked:
     unparseable: int = 0  # outputs with no usable answer: the window / pair was left as it was
     failed: int = 0  # calls that returned no output (engine or endpoint error)
     cached: int = 0  # pairwise: comparisons answered from earlier in the same query
+    shrunk: int = 0  # listwise: windows whose passages were cut further to fit the context
     stats: dict = field(default_factory=dict)
 
 
@@ -53,18 +72,36 @@ class Reranked:
 
 
 def listwise_prompt(query: str, passages: list[str]) -> list[dict]:
-    """RankZephyr's single-turn RankGPT prompt (LLM-CLIR appendix)."""
+    """LLM-CLIR Figure 3 (RankZephyr's RankGPT prompt): a system and a user message."""
+    t = prompt_templates()["listwise"]
     n = len(passages)
-    body = "\n".join(f"[{i + 1}] {p}" for i, p in enumerate(passages))
-    user = (f"I will provide you with {n} passages, each indicated by a numerical identifier []. "
-            f"Rank the passages based on their relevance to the search query: {query}.\n\n"
-            f"{body}\n\n"
-            f"Search Query: {query}.\n"
-            f"Rank the {n} passages above based on their relevance to the search query. All the "
-            "passages should be included and listed using identifiers, in descending order of "
-            "relevance. The output format should be [] > [], e.g., [4] > [2]. Only respond with "
-            "the ranking results, do not say any word or explain.")
-    return [{"role": "system", "content": LISTWISE_SYSTEM}, {"role": "user", "content": user}]
+    body = "\n".join(t["passage"].format(rank=i + 1, passage=p) for i, p in enumerate(passages))
+    user = "\n\n".join([t["prefix"].format(num=n, query=query), body,
+                         t["query"].format(query=query), t["suffix"].format(num=n)])
+    return [{"role": "system", "content": t["system"]}, {"role": "user", "content": user}]
+
+
+def fit_listwise(query: str, passages: list[str], *, n_tokens: Callable[[list], int],
+                 budget: int, truncate: Callable[[list[str], int], list[str]], limit: int,
+                 prompt=listwise_prompt) -> tuple[list, int | None]:
+    """A window's prompt that fits `budget` tokens, shrinking every passage as rank_llm does.
+
+    rank_llm (`create_prompt`, the framework LLM-CLIR ran RankZephyr in, llm-clir.txt L103)
+    renders the window, counts its tokens, and while the prompt is longer than the context
+    minus the answer's tokens lowers the per-passage length by the excess divided over the
+    passages, then renders again. Here the length is in the model's tokens (`truncate`, the
+    unit `doc_tokens` uses), starting from `limit`. Returns (prompt, the passage length it
+    took, or None when the first rendering fitted). At one token a passage it stops and
+    returns the shortest prompt, which the engine then refuses or cuts (its `too_long`).
+    """
+    out = prompt(query, passages)
+    n = n_tokens(out)
+    cut = None
+    while n > budget and (cut is None or cut > 1):
+        cut = max(1, (limit if cut is None else cut) - max(1, (n - budget) // max(1, len(passages))))
+        out = prompt(query, truncate(passages, cut))
+        n = n_tokens(out)
+    return out, cut
 
 
 def parse_permutation(text: str | None, n: int) -> tuple[list[int], str]:
@@ -117,8 +154,11 @@ def n_listwise_calls(n: int, window: int = 20, step: int = 10) -> int:
 
 
 def listwise_rerank(queries: list[Candidates], complete: Complete, *, window: int = 20,
-                    step: int = 10, prompt=listwise_prompt) -> list[Reranked]:
-    """Sliding-window listwise reranking of every query, windows advancing in lockstep."""
+                    step: int = 10, prompt=listwise_prompt, fit=None) -> list[Reranked]:
+    """Sliding-window listwise reranking of every query, windows advancing in lockstep.
+
+    `fit(query, passages) -> (prompt, shrunk)` replaces `prompt` where given (the rerank
+    stage's `fit_listwise` with the engine's tokenizer); shrunk windows are counted."""
     if window < 2 or not 1 <= step <= window:
         raise ValueError(f"need window >= 2 and 1 <= step <= window (got {window}, {step})")
     order = [list(range(len(q.doc_ids))) for q in queries]
@@ -129,7 +169,13 @@ def listwise_rerank(queries: list[Candidates], complete: Complete, *, window: in
         prompts = []
         for i in active:
             lo, hi = schedules[i][t]
-            prompts.append(prompt(queries[i].query, [queries[i].texts[k] for k in order[i][lo:hi]]))
+            texts = [queries[i].texts[k] for k in order[i][lo:hi]]
+            if fit is None:
+                prompts.append(prompt(queries[i].query, texts))
+            else:
+                p, shrunk = fit(queries[i].query, texts)
+                prompts.append(p)
+                out[i].shrunk += bool(shrunk)
         answers = complete(prompts)
         for i, answer in zip(active, answers):
             lo, hi = schedules[i][t]
@@ -151,12 +197,13 @@ def listwise_rerank(queries: list[Candidates], complete: Complete, *, window: in
 # pairwise (PRP)
 
 
-def pairwise_prompt(query: str, passage_a: str, passage_b: str) -> list[dict]:
-    """PRP's generation prompt (Qin et al.; LLM-CLIR appendix)."""
-    user = (f'Given a query "{query}", which of the following two passages is more relevant to '
-            f'the query?\n\nPassage A: "{passage_a}"\n\nPassage B: "{passage_b}"\n\n'
-            "Output Passage A or Passage B:")
-    return [{"role": "user", "content": user}]
+def pairwise_prompt(query: str, passage_a: str, passage_b: str,
+                    style: str = "figure") -> list[dict]:
+    """LLM-CLIR Figure 4 (PRP, Qin et al.) as one user message; `style="llm_rankers"` is
+    llm-rankers' character-exact variant (quotes, blank lines)."""
+    t = prompt_templates()["pairwise"][style]
+    return [{"role": "user",
+             "content": t.format(query=query, document1=passage_a, document2=passage_b)}]
 
 
 def parse_choice(text: str | None) -> str | None:
@@ -170,13 +217,22 @@ def parse_choice(text: str | None) -> str | None:
     return m.group(1) if m else None
 
 
+def parse_passage_token(text: str | None) -> str | None:
+    """The one token generated after " Passage:" -> 'A', 'B' or None, as llm-rankers reads
+    it: stripped, upper-cased and compared with "Passage A" / "Passage B"."""
+    if text is None:
+        return None
+    return {"A": "A", "B": "B"}.get(text.strip().upper())
+
+
 def n_pairwise_calls_bound(n: int, passes: int) -> int:
     """PRP-Sliding-K's worst case: 2 * sum_{i<k} (n - 1 - i) prompts per query."""
     return 2 * sum(max(0, n - 1 - i) for i in range(min(passes, n)))
 
 
 def pairwise_rerank(queries: list[Candidates], complete: Complete, *, passes: int = 10,
-                    prompt=pairwise_prompt) -> list[Reranked]:
+                    prompt=pairwise_prompt, parse=parse_choice,
+                    restore_tail: bool = True) -> list[Reranked]:
     """PRP-Sliding-K: `passes` bubble-sort passes from the bottom of each list up.
 
     Pass i walks j = n-2 ... i and asks about (j, j+1) in both orders; the lower passage
@@ -185,6 +241,10 @@ def pairwise_rerank(queries: list[Candidates], complete: Complete, *, passes: in
     top-`passes`. Each step of a pass is one batched call over every query still walking.
     A pair met again (the same two documents) reuses its verdict instead of asking again,
     and a pass that swaps nothing ends the query: every later pass would ask the same pairs.
+
+    The result is the sorted top-`passes`, then, with `restore_tail` (llm-rankers, which the
+    LLM-CLIR paper ran, llm-clir.txt L414), every other candidate in its first-stage order;
+    without it, in the order the passes left them. `parse` reads an answer ('A', 'B', None).
     """
     if passes < 1:
         raise ValueError(f"passes must be >= 1 (got {passes})")
@@ -222,7 +282,7 @@ def pairwise_rerank(queries: list[Candidates], complete: Complete, *, passes: in
                 for answer in (first, second):
                     if answer is None:
                         out[i].failed += 1
-                    choice = parse_choice(answer)
+                    choice = parse(answer)
                     if answer is not None and choice is None:
                         out[i].unparseable += 1
                     verdicts.append(choice)
@@ -238,5 +298,9 @@ def pairwise_rerank(queries: list[Candidates], complete: Complete, *, passes: in
         if not any(live):
             break
     for i, q in enumerate(queries):
+        if restore_tail:
+            top = order[i][:passes]
+            chosen = set(top)
+            order[i] = top + [k for k in range(len(q.doc_ids)) if k not in chosen]
         out[i].doc_ids = [q.doc_ids[k] for k in order[i]]
     return out

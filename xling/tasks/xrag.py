@@ -1,18 +1,22 @@
 """XRAG: cross-lingual retrieval-augmented generation over news (Liu et al., Findings of
-EMNLP 2025, arXiv:2505.10089; data ``AmazonScience/XRAG`` on the hub).
+EMNLP 2025, arXiv:2505.10089; data ``AmazonScience/XRAG`` on the hub). "xrag.txt L<n>"
+below is line n of the paper's text, ``../shared/papers/xrag.txt``; the paper is the
+authority for everything this module runs.
 
-A question in X (de, es, zh, ar) is answered from eight given news articles. Two subsets:
+A question in X (de, es, zh, ar) is answered from given news articles. Two subsets
+(xrag.txt L173):
 
 * **monolingual retrieval** (``subset="mono"``): 2 supporting + 6 distracting articles, all
   English. Paper Table 4: accuracy per model x language, their average, and the English
-  baseline (the English version of the question over the same articles).
+  baseline (the original English question over the same articles, xrag.txt L224).
 * **multilingual retrieval** (``subset="multi"``): 1 supporting + 3 distracting articles in
   X and 1 + 3 in English. Paper Table 5: accuracy per language, the cross-lingual average,
   and the En+En_X baseline (English question, the X articles machine-translated to
-  English).
+  English, xrag.txt L243).
 
 Answers are scored by a judge panel (majority vote over the judges whose verdict parsed)
-AND a response-language check: a correct answer in the wrong language is not correct.
+AND a response-language check (lingua): a correct answer in the wrong language is not
+correct (xrag.txt L186, L591).
 
 The published jsonl (what :func:`load_items` reads)
 -----------------------------------------------------
@@ -35,57 +39,75 @@ the dataset card lists the first fields. Not confirmed, and therefore assumed he
 * ``doc_id`` of an article is ``f"{id}#a{k}"`` with k its index in the stored list, whatever
   the presentation order (the translate stage's documents use the same ids).
 
-Settings (``SETTINGS``; assumptions about the paper's Table 6 ablations marked)
---------------------------------------------------------------------------------
-Each setting is one subset plus the language of the question (Q), the language the answer
-must be in (S, the "solution"), and whether the X articles are replaced by their English
-translation (D):
+Settings (``SETTING_SPECS``)
+----------------------------
+A setting is one subset, the language of the question (Q; the expected answer is in the
+question's language, xrag.txt L89 Eq. 1, and "+EQ" changes both, L247), which articles are
+shown, and which X-language articles are replaced by their English machine translation
+(none, the supporting ones, or all). The paper's settings (``PAPER_SETTINGS``, the default):
 
-================  ======  ===  ===  ===  ===========================================
-setting           subset  Q    S    D    paper
-================  ======  ===  ===  ===  ===========================================
-mono              mono    X    X    -    Table 4, X columns
-mono_en           mono    en   en   -    Table 4, English baseline (En)
-mono_eq           mono    en   X    -    Table 6 +EQ (English question, answer in X)
-multi             multi   X    X    -    Table 5, X columns
-multi_en_x        multi   en   en   en   Table 5, En+En_X baseline (= +EQ+ES+ED)
-multi_eq          multi   en   X    -    Table 6 +EQ
-multi_es          multi   X    en   -    Table 6 +ES (assumed: English answer)
-multi_eq_es       multi   en   en   -    Table 6 +EQ+ES
-multi_ed          multi   X    X    en   Table 6 +ED (X articles in English: "MonoRAG")
-no_retrieval      mono    X    X    -    no articles (the paper's closed-book check)
-oracle            mono    X    X    -    supporting articles only
-multi_oracle      multi   X    X    -    supporting articles only (1 in X, 1 English)
-================  ======  ===  ===  ===  ===========================================
+============  ======  ===  ==========  =========  =============================================
+setting       subset  Q    articles    X -> En    paper
+============  ======  ===  ==========  =========  =============================================
+no_retrieval  mono    en   none        -          Table 3 "No Retrieval" (Figure 19 prompt)
+oracle        mono    en   supporting  -          Table 3 "Oracle Retrieval" (xrag.txt L201-203)
+mono          mono    X    all         -          Table 4, De/Es/Zh/Ar columns
+mono_en       mono    en   all         -          Table 4, En column
+multi         multi   X    all         -          Table 5 En+X columns; Table 6 "XRAG-MultiR"
+multi_eq      multi   en   all         -          Table 6 "+EQ"
+multi_eq_es   multi   en   all         supporting Table 6 "+EQ, +ES"
+multi_en_x    multi   en   all         all        Table 5 En+En_X; Table 6 "MonoRAG" (+EQ,+ES,+ED)
+============  ======  ===  ==========  =========  =============================================
 
-We could not read the paper's body, so the exact reading of +EQ/+ES/+ED (E = English;
-Q/S/D = question / solution (answer) / documents) and of "MonoRAG" is ours; so is the
-wording of every prompt below (question, articles numbered with their dates, the
-instruction to answer in the question's language, the final answer in ``<answer>`` tags;
-the judge sees question, gold answer and model answer and returns a JSON verdict).
+Table 6 and its twins (Tables 9-11; xrag.txt L247-257, L690-712) replace, one after the
+other, the question (EQ), the supporting articles (ES) and the distracting articles (ED)
+with their English counterparts; "MonoRAG" (+EQ, +ES, +ED) is the En+En_X baseline itself.
+Table 3 uses the English questions of the monolingual subset (xrag.txt L201, L203).
+
+Settings the paper did not run are extensions, named ``ext_*`` so that they cannot be
+mistaken for the paper's, and shown only in the tables' "not in the paper" section:
+``ext_no_retrieval_xq`` and ``ext_oracle_xq`` (Table 3's settings with the question in X),
+``ext_multi_oracle_xq`` (multi, supporting articles only, X question), ``ext_multi_xq_es``
+(multi, X question, the X supporting article in English) and ``ext_multi_xq_es_ed`` (multi,
+X question, every X article in English). Settings of earlier xling versions that were
+misread ablations (``multi_es``, ``multi_ed``, ``mono_eq``, ``multi_oracle``) are refused with
+a pointer to their replacement (``RENAMED``); ``multi_eq`` now is the paper's +EQ.
+
+Prompts (``xling/tasks/data/xrag/prompts.yaml``): Figure 18 (xrag.txt L624, L628) for every
+setting with articles, Figure 19 (L632-640, with the ``<answer>None</answer>`` abstain) for
+those without, and Figure 20 (L650-677) for the judges, each word for word (the file says
+where the PDF text lost a line break, bracket or list number and how it was restored). The
+translation of X articles is the translate stage's (NLLB in configs/xrag.yaml; the paper
+used Google Translate, xrag.txt L237, L243).
 
 Options (``check_options``; errors read ``study.options.<key>: <what>; <fix>``): ``data``
 (required: path or URI of ``xrag.{dev,test}.jsonl``), ``langs`` (default de, es, zh, ar),
-``settings`` (default: all of ``SETTINGS``), ``article_order`` (``given`` = the release's
+``settings`` (default: ``PAPER_SETTINGS``), ``article_order`` (``given`` = the release's
 ``article_order``, default; ``stored``, ``shuffled`` (per-item seed from ``shuffle_seed``,
 default 0), ``supporting_first``, ``supporting_last``, ``date``), ``max_article_words``
-(default None: whole articles; a CJK character counts as a word), ``translations`` (the
-translate stage's documents source holding the X articles in English, default
-``xrag-articles``), ``limit`` (first N instances per language and subset, default None).
+(default None: whole articles, as the paper; a CJK character counts as a word),
+``translations`` (the translate stage's documents source holding the X articles in English,
+default ``xrag-articles``), ``limit`` (first N instances per language and subset, default
+None), ``expected`` (the published numbers shown beside ours: ``auto``, the default, reads
+``configs/xrag.expected.yaml`` of the checkout when it exists; a path or URI; or null for
+none).
 
-Cells and the English baselines: every setting, English ones included, has one cell per X
-in ``langs`` (``lang`` = the X whose instances it runs); the language the answer must be in
-is ``expected_language(setting, lang)`` ("en" for mono_en, multi_en_x, multi_es,
-multi_eq_es). The "En" and "En+En_X" columns are those settings' averages over X.
+Cells and the English settings: every setting, English ones included, has one cell per X
+in ``langs`` (``lang`` = the X whose instances it runs; an English question that several X
+share is one cached generation); the answer must be in ``expected_language(setting,
+lang)``. Table 3's columns and Table 4's "En" column are those settings' averages over X.
 
 Metrics (``score``), each per (setting, lang, model): ``accuracy`` (% of scored
 generations that the panel judged correct AND whose answer is in the expected language;
 Wilson 95% interval), ``judge_accuracy`` (panel only), ``response_language_error_rate`` (%
 of answers in English where the expected language is not English: the paper's
-response-language failure), ``wrong_language_rate`` (% of answers not in the expected
-language), ``answer_rate`` (% of generations with an ``<answer>``), ``n_valid_judges``
-(mean), ``unscored`` (count of generations without a verdict); plus ``lang="avg"`` rows:
-the unweighted mean over the configured languages (Table 4's average over the non-English
+response-language failure, Figure 5), ``wrong_language_rate`` (% of answers not in the
+expected language), ``answer_rate`` (% of generations with an ``<answer>``),
+``abstain_rate`` (settings without articles: % of answers that are Figure 19's ``None``),
+``n_valid_judges`` (mean), ``unscored`` (count of generations without a verdict),
+``truncated`` (count of prompts the engine cut to fit ``max_model_len``, only when there
+are any; the tables flag such cells with a dagger); plus ``lang="avg"`` rows: the
+unweighted mean over the configured languages (Table 4's average over the non-English
 languages, Table 5's cross-lingual average), written only when every language has a value.
 With a human labels file, ``kappa`` (setting and lang "all"; model "all", and per judged
 model when there are several): Cohen's kappa of the panel's majority verdict (before the
@@ -113,7 +135,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from xling.tasks.judge import cohen_kappa, language_ok, majority_vote, normalize_verdict
-from xling.tasks.languages import get_language, validate_languages
+from xling.tasks.languages import validate_languages
 from xling.tasks.textio import iter_lines
 
 STUDY = "xrag"
@@ -123,39 +145,68 @@ LANGS = ("de", "es", "zh", "ar")
 @dataclass(frozen=True)
 class Setting:
     subset: str            # "mono" | "multi": which instances
-    question: str          # "x" | "en": question language
-    response: str          # "x" | "en": the language the answer must be in
-    docs: str              # "all" | "supporting" | "none"
-    translate: bool        # X articles replaced by their English translation (ED)
-    label: str             # for tables
+    question: str          # "x" | "en": the question's language, and so the answer's
+                           # (xrag.txt L89 Eq. 1; "+EQ" changes both, L247)
+    docs: str              # "all" | "supporting" | "none": which articles are shown
+    translate: str         # "none" | "supporting" | "all": which X-language articles are
+                           # replaced by their English translation (ES / ES+ED)
+    label: str             # the row or column name in the tables
+    paper: str | None      # where the paper reports it; None: an extension (ext_*)
 
 
 SETTING_SPECS: dict[str, Setting] = {
-    "mono": Setting("mono", "x", "x", "all", False, "Monolingual retrieval"),
-    "mono_en": Setting("mono", "en", "en", "all", False, "Mono English baseline (En)"),
-    "mono_eq": Setting("mono", "en", "x", "all", False, "Mono +EQ"),
-    "multi": Setting("multi", "x", "x", "all", False, "Multilingual retrieval"),
-    "multi_en_x": Setting("multi", "en", "en", "all", True, "Multi En+En_X (+EQ+ES+ED)"),
-    "multi_eq": Setting("multi", "en", "x", "all", False, "Multi +EQ"),
-    "multi_es": Setting("multi", "x", "en", "all", False, "Multi +ES"),
-    "multi_eq_es": Setting("multi", "en", "en", "all", False, "Multi +EQ+ES"),
-    "multi_ed": Setting("multi", "x", "x", "all", True, "Multi +ED (MonoRAG)"),
-    "no_retrieval": Setting("mono", "x", "x", "none", False, "No retrieval"),
-    "oracle": Setting("mono", "x", "x", "supporting", False, "Oracle (mono)"),
-    "multi_oracle": Setting("multi", "x", "x", "supporting", False, "Oracle (multi)"),
+    # the paper's settings (xrag.txt L194-257, L690-712)
+    "no_retrieval": Setting("mono", "en", "none", "none", "No Retrieval",
+                            "Table 3 (L194-203; Figure 19 prompt)"),
+    "oracle": Setting("mono", "en", "supporting", "none", "Oracle Retrieval",
+                      "Table 3 (L194-203)"),
+    "mono": Setting("mono", "x", "all", "none", "Monolingual retrieval",
+                    "Table 4, De/Es/Zh/Ar (L211-219)"),
+    "mono_en": Setting("mono", "en", "all", "none", "English baseline (En)",
+                       "Table 4, En (L224)"),
+    "multi": Setting("multi", "x", "all", "none", "XRAG-MultiR",
+                     "Table 5, En+X; Table 6, XRAG-MultiR (L230-255)"),
+    "multi_eq": Setting("multi", "en", "all", "none", "+EQ", "Table 6, +EQ (L247-255)"),
+    "multi_eq_es": Setting("multi", "en", "all", "supporting", "+EQ, +ES",
+                           "Table 6, +EQ, +ES (L247-257)"),
+    "multi_en_x": Setting("multi", "en", "all", "all", "MonoRAG (+EQ, +ES, +ED)",
+                          "Table 5, En+En_X; Table 6, MonoRAG (L237, L243, L255)"),
+    # extensions: not in the paper, never in its tables
+    "ext_no_retrieval_xq": Setting("mono", "x", "none", "none",
+                                   "[ext] no retrieval, X question", None),
+    "ext_oracle_xq": Setting("mono", "x", "supporting", "none",
+                             "[ext] oracle (mono), X question", None),
+    "ext_multi_oracle_xq": Setting("multi", "x", "supporting", "none",
+                                   "[ext] oracle (multi), X question", None),
+    "ext_multi_xq_es": Setting("multi", "x", "all", "supporting",
+                               "[ext] multi, X question, X supporting article in English", None),
+    "ext_multi_xq_es_ed": Setting("multi", "x", "all", "all",
+                                  "[ext] multi, X question, all X articles in English", None),
 }
 SETTINGS = tuple(SETTING_SPECS)
+PAPER_SETTINGS = tuple(s for s, spec in SETTING_SPECS.items() if spec.paper)
+# Names of earlier xling versions, which misread the paper's ablations.
+RENAMED = {
+    "multi_es": "it was not a paper setting (X question, English answer) and is gone; "
+                "the paper's +EQ, +ES is multi_eq_es",
+    "multi_ed": "it was not the paper's MonoRAG; MonoRAG is multi_en_x, and 'X question, "
+                "all X articles in English' is ext_multi_xq_es_ed",
+    "mono_eq": "it was not a paper setting (English question, X answer) and is gone",
+    "multi_oracle": "it is not a paper setting; use ext_multi_oracle_xq",
+}
+TRANSLATE_ROLES = ("none", "supporting", "all")
 
 ARTICLE_ORDERS = ("given", "stored", "shuffled", "supporting_first", "supporting_last",
                   "date")
 DEFAULTS: dict[str, Any] = {
     "langs": list(LANGS),
-    "settings": list(SETTINGS),
+    "settings": list(PAPER_SETTINGS),
     "article_order": "given",      # the release's article_order (see the docstring)
     "shuffle_seed": 0,
     "max_article_words": None,     # no truncation: the paper gives whole articles
     "translations": "xrag-articles",
     "limit": None,
+    "expected": "auto",            # configs/xrag.expected.yaml of the checkout, if any
 }
 OPTIONS = ("data",) + tuple(DEFAULTS)
 
@@ -214,6 +265,10 @@ def check_options(raw: dict | None) -> dict:
         raise _bad("langs", f"{outside} not in XRAG", f"XRAG has {list(LANGS)}")
     settings = _list_option(raw, "settings", "setting names", SETTINGS)
     bad = [s for s in settings if s not in SETTING_SPECS]
+    renamed = [s for s in bad if s in RENAMED]
+    if renamed:
+        raise _bad("settings", f"unknown setting(s) {bad}: {renamed[0]!r} {RENAMED[renamed[0]]}",
+                   f"the paper's settings are {list(PAPER_SETTINGS)}")
     if bad:
         raise _bad("settings", f"unknown setting(s) {bad}", f"choose from {list(SETTINGS)}")
     order = raw.get("article_order", DEFAULTS["article_order"])
@@ -227,11 +282,24 @@ def check_options(raw: dict | None) -> dict:
     if not isinstance(translations, str) or not translations.strip():
         raise _bad("translations", f"must be a source name, got {translations!r}",
                    "name the translate stage's documents source of the XRAG articles")
+    expected = raw.get("expected", DEFAULTS["expected"])
+    if expected is False:
+        expected = None
+    if expected is not None and (not isinstance(expected, str) or not expected.strip()):
+        raise _bad("expected", f"must be 'auto', a path or null, got {expected!r}",
+                   "set `expected: configs/xrag.expected.yaml`, or null for no published "
+                   "numbers")
+    if expected not in (None, "auto") and "://" not in expected \
+            and not os.path.isfile(expected):
+        raise _bad("expected", f"file not found: {expected}",
+                   "give the path of an xrag.expected.yaml (configs/ has the paper's), "
+                   "or null")
     return {"data": data, "langs": list(dict.fromkeys(resolved)),
             "settings": list(dict.fromkeys(settings)), "article_order": order,
             "shuffle_seed": seed, "max_article_words": _positive_int_or_none(raw,
                                                                              "max_article_words"),
-            "translations": translations, "limit": _positive_int_or_none(raw, "limit")}
+            "translations": translations, "limit": _positive_int_or_none(raw, "limit"),
+            "expected": expected}
 
 
 # --- loading ------------------------------------------------------------------------------
@@ -445,13 +513,13 @@ def iter_article_documents(stream: IO, *, lang: str, source: str) -> Iterator[di
 # --- prompts ------------------------------------------------------------------------------
 
 def needs_translation(setting: str) -> bool:
-    """Does the setting read English translations of the X articles (+ED, En+En_X)?"""
-    return _spec(setting).translate
+    """Does the setting read English translations of X articles (+ES, En+En_X)?"""
+    return _spec(setting).translate != "none"
 
 
 def expected_language(setting: str, lang: str) -> str:
-    """The language an answer in this cell must be in."""
-    return "en" if _spec(setting).response == "en" else lang
+    """The language an answer in this cell must be in: the question's (xrag.txt L89)."""
+    return "en" if _spec(setting).question == "en" else lang
 
 
 def prompt_cells(opts: dict) -> list[dict]:
@@ -515,36 +583,53 @@ def order_articles(articles: list[dict], how: str, *, item_id: str, seed: int) -
     raise ValueError(f"unknown article order {how!r}; choose one of {list(ARTICLE_ORDERS)}")
 
 
-def _language_name(code: str) -> str:
-    return get_language(code).name
+# --- the paper's prompt templates (xling/tasks/data/xrag/prompts.yaml) -------------------
+
+_PROMPTS_FILE = os.path.join(os.path.dirname(__file__), "data", "xrag", "prompts.yaml")
+_PROMPTS: dict[str, Any] = {}
+_VAR = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+_LOOP = re.compile(r"^[ \t]*\{%\s*for\s*\(idx,\s*text,\s*date\)\s*in\s*articles\s*%\}[ \t]*\n"
+                   r"(.*?)^[ \t]*\{%\s*endfor\s*%\}[ \t]*\n", re.M | re.S)
 
 
-def _instruction(spec: Setting, lang: str, retrieval: bool) -> str:
-    q_lang = lang if spec.question == "x" else "en"
-    a_lang = lang if spec.response == "x" else "en"
-    if q_lang == a_lang:
-        say = "Answer in the same language as the question."
-    else:
-        say = f"Answer in {_language_name(a_lang)}."
-    use = ("Answer the question using the information in the articles. "
-           if retrieval else "Answer the question. ")
-    return use + say + " Write your final answer between <answer> and </answer>."
+def prompts() -> dict[str, Any]:
+    """The templates (``rag_answer`` = Figure 18, ``no_retrieval`` = Figure 19, ``judge`` =
+    Figure 20) and their ``pdf_fixes``, read once from the data file."""
+    if not _PROMPTS:
+        import yaml  # PyYAML is a dependency of the config layer already
+
+        with open(_PROMPTS_FILE, encoding="utf-8") as f:
+            _PROMPTS.update(yaml.safe_load(f))
+    return _PROMPTS
 
 
-def render_prompt(question: str, articles: list[dict] | None, instruction: str) -> list[dict]:
-    """The chat messages of one XRAG prompt: the articles numbered with their dates, then the
-    question, then the instruction (no articles: the question and the instruction)."""
-    if not articles:
-        return [{"role": "user", "content": f"Question: {question}\n\n{instruction}"}]
-    parts = [f"Here are {len(articles)} news articles, each with its publication date."]
-    for i, a in enumerate(articles, 1):
-        date = a.get("date") or "unknown"
-        head = f"Article {i} (published {date})"
-        title = f"{a['title']}\n" if a.get("title") else ""
-        parts.append(f"{head}:\n{title}{a['text']}")
-    parts.append(f"Question: {question}")
-    parts.append(instruction)
-    return [{"role": "user", "content": "\n\n".join(parts)}]
+def _fill(template: str, values: dict[str, str]) -> str:
+    """Replace ``{{ name }}`` in one pass (a value that holds braces stays as it is)."""
+    return _VAR.sub(lambda m: str(values[m.group(1)]), template)
+
+
+def render_template(name: str, *, articles: list[tuple[Any, str, str]] | None = None,
+                    **values: str) -> str:
+    """A template of prompts.yaml filled in: ``{{ name }}`` from ``values``, and the
+    ``{% for (idx, text, date) in articles %}`` block once per article (its tag lines
+    dropped, as Jinja's trim_blocks does)."""
+    template = prompts()[name]
+
+    def loop(m: re.Match) -> str:
+        return "".join(_fill(m.group(1), {**values, "idx": i, "text": t, "date": d})
+                       for i, t, d in articles or ())
+    return _fill(_LOOP.sub(loop, template), values)
+
+
+def render_prompt(question: str, articles: list[dict] | None) -> list[dict]:
+    """The chat messages of one XRAG prompt (one user message): Figure 18 over the articles
+    in their presentation order, numbered from 1, each with its date (xrag.txt L624, L628);
+    with no articles (``None``), Figure 19 (xrag.txt L632-640)."""
+    if articles is None:
+        return [{"role": "user", "content": render_template("no_retrieval", question=question)}]
+    arts = [(i, a["text"], a.get("date") or "unknown") for i, a in enumerate(articles, 1)]
+    return [{"role": "user",
+             "content": render_template("rag_answer", question=question, articles=arts)}]
 
 
 def _row(item_id: str, setting: str, lang: str, prompt, error: str | None) -> dict:
@@ -564,13 +649,12 @@ def build_prompt(item: dict, setting: str, opts: dict, *,
         return _row(item["id"], setting, lang, None,
                     f"item {item['id']} has no en_question (needed by {setting})")
     if spec.docs == "none":
-        return _row(item["id"], setting, lang,
-                    render_prompt(question, None, _instruction(spec, lang, False)), None)
+        return _row(item["id"], setting, lang, render_prompt(question, None), None)
     arts = [a for a in item["articles"] if spec.docs == "all" or a["supporting"]]
-    if spec.translate:
+    if spec.translate != "none":  # ES: the supporting X articles; ES+ED: all X articles
         missing, swapped = [], []
         for a in arts:
-            if a["lang"] == "en":
+            if a["lang"] == "en" or (spec.translate == "supporting" and not a["supporting"]):
                 swapped.append(a)
                 continue
             text = (translations or {}).get(a["doc_id"])
@@ -582,14 +666,14 @@ def build_prompt(item: dict, setting: str, opts: dict, *,
             return _row(item["id"], setting, lang, None,
                         f"no English translation of article(s) {', '.join(missing)} "
                         f"(translations source '{opts.get('translations')}'; {setting} "
-                        "needs the X articles in English)")
+                        f"needs the {'supporting ' if spec.translate == 'supporting' else ''}"
+                        "X articles in English)")
         arts = swapped
     arts = order_articles(arts, opts.get("article_order", "given"), item_id=item["id"],
                           seed=opts.get("shuffle_seed", 0))
     limit = opts.get("max_article_words")
     arts = [{**a, "text": truncate_words(a["text"], limit)} for a in arts]
-    return _row(item["id"], setting, lang,
-                render_prompt(question, arts, _instruction(spec, lang, True)), None)
+    return _row(item["id"], setting, lang, render_prompt(question, arts), None)
 
 
 def build_prompts(opts: dict, setting: str, lang: str, *,
@@ -624,35 +708,24 @@ def build_prompts(opts: dict, setting: str, lang: str, *,
 # --- judging ------------------------------------------------------------------------------
 
 def judge_prompt(item: dict, answer: str) -> list[dict]:
-    """Chat messages asking a judge whether ``answer`` is correct.
+    """Chat messages asking a judge whether ``answer`` is correct: Figure 20 verbatim
+    (xrag.txt L650-677), one user message.
 
-    ``item`` is a :func:`load_items` item, optionally with a ``"setting"`` key: then the
-    question and the gold answer are those the setting used (English for the English
-    baselines and +EQ/+ES), with the English gold answer added as a reference when they are
-    not English. The judge is told to ignore the answer's language (checked separately)."""
+    ``item`` is a :func:`load_items` item, optionally with a ``"setting"`` key: the question
+    and the golden answer are those of the setting's question language (English for the
+    English settings), so rule 5 ("If the generated answer is in a different language than
+    the golden answer, it should be considered as wrong") asks for the language the answer
+    must be in. The judges reply with JSON ``justification`` and ``answer`` keys
+    (tasks/judge.py reads ``answer`` as the verdict); lingua still checks the language
+    afterwards, because judges "sometimes fail to do so" (xrag.txt L591)."""
     spec = SETTING_SPECS.get(item.get("setting") or "mono", SETTING_SPECS["mono"])
-    question = item.get("question") if spec.question == "x" else \
-        item.get("en_question") or item.get("question")
-    gold = item.get("answer") if spec.response == "x" else \
-        item.get("en_answer") or item.get("answer")
-    ref = ""
-    if spec.response == "x" and item.get("en_answer") and item.get("en_answer") != gold:
-        ref = f"Gold answer in English (for reference): {item['en_answer']}\n"
-    content = (
-        "You are judging an answer to a question about recent news. Decide whether the "
-        "model's answer is correct by comparing it with the gold answer.\n"
-        "- Correct: it gives the same information as the gold answer (paraphrases, "
-        "translations and extra explanation that does not contradict it are fine).\n"
-        "- Incorrect: it is wrong, incomplete, contradicts the gold answer, or does not "
-        "answer the question.\n"
-        "Do not judge the language the answer is written in; that is checked separately.\n\n"
-        f"Question: {question}\n"
-        f"Gold answer: {gold}\n"
-        f"{ref}"
-        f"Model answer: {answer}\n\n"
-        'Reply with a JSON object only: {"verdict": "correct"} or {"verdict": "incorrect"}, '
-        'optionally with a short "reason".')
-    return [{"role": "user", "content": content}]
+    if spec.question == "x":
+        question, gold = item.get("question"), item.get("answer")
+    else:
+        question = item.get("en_question") or item.get("question")
+        gold = item.get("en_answer") or item.get("answer")
+    return [{"role": "user", "content": render_template(
+        "judge", question=str(question), answer=str(gold), pred=str(answer))}]
 
 
 def judge_rows(opts: dict, generations: Iterable[dict]) -> list[dict]:
@@ -686,6 +759,9 @@ def judge_rows(opts: dict, generations: Iterable[dict]) -> list[dict]:
 # --- scoring ------------------------------------------------------------------------------
 
 Key = tuple[str, str, str, str]  # (setting, lang, model, item_id)
+# Extra generation columns the evaluate stage reads for score(): the engine's record of a
+# prompt cut to fit max_model_len (counted per cell, flagged in the tables).
+SCORE_COLUMNS = ("truncated_from",)
 
 
 def _key(row: dict) -> Key:
@@ -769,7 +845,8 @@ def score(opts: dict, generations: list[dict], judgments: list[dict] | None,
         row = {"study": STUDY, "item_id": item_id, "setting": setting, "lang": lang,
                "model": model, "verdict": None, "judge_correct": None, "n_valid_judges": 0,
                "n_judges": len(votes.get(k, {})), "answered": None, "lang_ok": None,
-               "detected_lang": None, "expected_lang": None, "error": None}
+               "detected_lang": None, "expected_lang": None, "abstained": None,
+               "truncated": g.get("truncated_from") is not None, "error": None}
         items.append(row)
         if setting not in SETTING_SPECS:
             row["error"] = f"unknown setting {setting!r}"
@@ -781,6 +858,8 @@ def score(opts: dict, generations: list[dict], judgments: list[dict] | None,
             continue
         parsed = g.get("parsed")
         row["answered"] = isinstance(parsed, dict) and bool(str(parsed.get("answer") or "").strip())
+        if SETTING_SPECS[setting].docs == "none" and row["answered"]:  # Figure 19's abstain
+            row["abstained"] = _ABSTAIN.fullmatch(str(parsed["answer"]).strip()) is not None
         if detected is not None and row["answered"]:
             d = detected.get(k)
             row["detected_lang"] = d
@@ -801,6 +880,9 @@ def score(opts: dict, generations: list[dict], judgments: list[dict] | None,
     if labels:
         metrics += _kappa_rows(items, read_labels(labels))
     return items, metrics
+
+
+_ABSTAIN = re.compile(r"[\[\s\"'*]*none[\]\s\"'.*]*", re.I)
 
 
 def _mrow(setting, lang, model, metric, value, n, ci=(None, None)) -> dict:
@@ -843,9 +925,16 @@ def _metrics(opts: dict, items: list[dict], panel: bool, with_language: bool) ->
                           for r in checked)
                 metric_rows.append(rate(setting, lang, model, "response_language_error_rate",
                                         eng, len(checked)))
+        if SETTING_SPECS[setting].docs == "none":
+            told = [r for r in ran if r["answered"]]
+            metric_rows.append(rate(setting, lang, model, "abstain_rate",
+                                    sum(bool(r["abstained"]) for r in told), len(told)))
+        cut = sum(bool(r.get("truncated")) for r in rows)
+        if cut:
+            metric_rows.append(_mrow(setting, lang, model, "truncated", float(cut), len(rows)))
         out += metric_rows
         for r in metric_rows:
-            if r["metric"] != "unscored":
+            if r["metric"] not in ("unscored", "truncated"):
                 per[(setting, model, r["metric"])][lang] = r
     for (setting, model, metric), by_lang in sorted(per.items()):
         vals = [by_lang.get(lang) for lang in opts["langs"]]
@@ -876,27 +965,81 @@ def _kappa_rows(items: list[dict], labels: dict[Key, bool]) -> list[dict]:
 
 # --- tables -------------------------------------------------------------------------------
 
+_CHECKOUT_EXPECTED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs", "xrag.expected.yaml")
+TABLE6_ROWS = ("multi", "multi_eq", "multi_eq_es", "multi_en_x")  # xrag.txt L250-253
+DAGGER = "†"
+
+
+def expected_path(opts: dict | None) -> str | None:
+    """The published-numbers file the tables read: the ``expected`` option (``auto``: the
+    checkout's configs/xrag.expected.yaml, beside configs/xrag.yaml, when it exists)."""
+    v = (opts or {}).get("expected", DEFAULTS["expected"])
+    if v == "auto":
+        return _CHECKOUT_EXPECTED if os.path.isfile(_CHECKOUT_EXPECTED) else None
+    return v or None
+
+
+def load_expected(path: str | None) -> dict:
+    """An xrag.expected.yaml (see configs/xrag.expected.yaml) as a dict; ``{}`` for None."""
+    if not path:
+        return {}
+    import yaml
+
+    with _open(path) as f:
+        data = yaml.safe_load(f.read().decode("utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of tables")
+    return data
+
+
+def paper_model(expected: dict, model: str) -> str | None:
+    """The paper's name of one of our models (by the expected file's ``aliases``, without
+    case), or None when the paper did not run it."""
+    want = model.strip().lower()
+    for name, spec in (expected.get("models") or {}).items():
+        names = [name, *((spec or {}).get("aliases") or [])]
+        if want in (str(n).strip().lower() for n in names):
+            return name
+    return None
+
+
 def _fmt(v) -> str:
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
 
-def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
+def _delta(ours, paper) -> str:
+    if ours is None or paper is None:
+        return "–"
+    return f"{ours - paper:+.2f}"
+
+
+def _table(title: str, header: list[str], rows: list[list[str]], notes=()) -> str:
     lines = [f"**{title}**", "", "| " + " | ".join(header) + " |",
              "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     if not rows:
         lines.append("| " + " | ".join(["(no results)"] + [""] * (len(header) - 1)) + " |")
-    return "\n".join(lines)
+    body = "\n".join(lines)
+    flagged = any(DAGGER in c for r in rows for c in r)
+    notes = list(notes) + ([f"{DAGGER} some prompts of this cell were cut to fit the model's "
+                            "max_model_len (metric `truncated`; the generate manifests count "
+                            "them too): raise max_model_len before comparing."]
+                           if flagged else [])
+    return body + "".join(f"\n\n{n}" for n in notes)
 
 
-def tables(metrics: Iterable[dict]) -> str:
-    """Markdown tables shaped like the paper's: Table 4 (monolingual retrieval: models x
-    De/Es/Zh/Ar, Avg over them, En baseline), Table 5 (multilingual retrieval: the same with
-    the En+En_X baseline), Table 6 (ablations: model x setting rows, language columns), the
-    response-language error rates, and the judge-human kappa when present."""
+def tables(metrics: Iterable[dict], options: dict | None = None) -> str:
+    """Markdown tables in the paper's shapes: Table 3 (models x No Retrieval / Oracle
+    Retrieval, English questions), Table 4 (models x En, De, Es, Zh, Ar, Avg), Table 5
+    (models x En+En_X and En+X per language, Avg (crossling.)), Table 6 (one table per
+    model: rows XRAG-MultiR, +EQ, +EQ, +ES, MonoRAG; columns En+De..En+Ar, Avg); then the
+    settings not in the paper, the response-language errors, answer and abstain rates, and
+    the judge-human kappa when present. A model the paper ran (the ``expected`` option's
+    file, matched by alias) gets the paper's row and the difference (ours - paper) under
+    its own; cells with truncated prompts carry a dagger."""
     val: dict[tuple[str, str, str, str], float | None] = {}
     models: list[str] = []
-    langs = [lang for lang in LANGS]
     for r in metrics:
         if r.get("study", STUDY) != STUDY:
             continue
@@ -904,39 +1047,132 @@ def tables(metrics: Iterable[dict]) -> str:
         if r["model"] != "all" and r["model"] not in models:
             models.append(r["model"])
     models.sort()
-    cols = [lang.capitalize() for lang in langs]
+    langs = list(LANGS)
+    expected = load_expected(expected_path(options))
+    run_langs = set((options or {}).get("langs") or LANGS)
+    full = run_langs == set(LANGS)  # our Avg is over the same languages as the paper's
+    avg_note = [] if full else [
+        f"Avg is over the run's languages ({', '.join(sorted(run_langs))}); the paper's is "
+        "over all four, so no difference is shown for it."]
 
     def get(setting, lang, model, metric="accuracy"):
-        return _fmt(val.get((setting, lang, model, metric)))
+        return val.get((setting, lang, model, metric))
 
-    def present(setting, metric="accuracy"):
-        return any(k[0] == setting and k[3] == metric for k in val)
+    def cut(setting, lang, model) -> bool:
+        if lang == "avg":
+            return any(cut(setting, x, model) for x in run_langs)
+        return bool(val.get((setting, lang, model, "truncated")))
+
+    def cell(setting, lang, model, metric="accuracy"):
+        return _fmt(get(setting, lang, model, metric)) + (
+            f" {DAGGER}" if cut(setting, lang, model) else "")
+
+    def has(model, settings, metric="accuracy"):
+        return any(k[2] == model and k[0] in settings and k[3] == metric for k in val)
+
+    def with_paper(label, model, ours: list, cols: list, paper: list | None, pname):
+        """Our row, then (for a model the paper ran) the paper's row and the difference."""
+        rows = [[label] + [cell(s, lang, model) for s, lang in cols]]
+        if paper is not None:
+            rows.append([f"↳ paper: {pname}"] + [_fmt(v) for v in paper])
+            rows.append(["↳ Δ (ours − paper)"] + [
+                # an average over X is the paper's only over the same four languages
+                "–" if (lang == "avg" and not full and SETTING_SPECS[s].question == "x")
+                else _delta(o, pv) for o, pv, (s, lang) in zip(ours, paper, cols)])
+        return rows
 
     out = []
-    for num, base, extra, extra_name, what in (
-            (4, "mono", "mono_en", "En", "monolingual retrieval"),
-            (5, "multi", "multi_en_x", "En+En_X", "multilingual retrieval")):
-        rows = [[m] + [get(base, lang, m) for lang in langs] + [get(base, "avg", m),
-                                                                get(extra, "avg", m)]
-                for m in models if present(base) or present(extra)]
-        out.append(_table(f"Table {num}: {what}, accuracy (%)",
-                          ["Model"] + cols + ["Avg", extra_name], rows))
+    # Table 3 (xrag.txt L194-201): English questions; our value is the mean over the X cells.
+    cols = [("no_retrieval", "avg"), ("oracle", "avg")]
     rows = []
-    for s in ("mono", "mono_eq", "multi", "multi_eq", "multi_es", "multi_eq_es", "multi_ed",
-              "multi_en_x", "no_retrieval", "oracle", "multi_oracle"):
-        if present(s):
-            rows += [[m, SETTING_SPECS[s].label] + [get(s, lang, m) for lang in langs]
-                     + [get(s, "avg", m)] for m in models]
-    out.append(_table("Table 6: ablations, accuracy (%)", ["Model", "Setting"] + cols + ["Avg"],
-                      rows))
+    for m in models:
+        if not has(m, {"no_retrieval", "oracle"}):
+            continue
+        pname = paper_model(expected, m)
+        pub = (expected.get("table3") or {}).get(pname) if pname else None
+        paper = [pub.get("no_retrieval"), pub.get("oracle")] if pub else None
+        rows += with_paper(m, m, [get(s, l, m) for s, l in cols], cols, paper, pname)
+    out.append(_table("Table 3: no retrieval and oracle retrieval (English questions of the "
+                      "monolingual subset), accuracy (%)",
+                      ["Model", "No Retrieval", "Oracle Retrieval"], rows,
+                      ["Ours: the mean over the X cells run (each asks the English questions "
+                       "of its language's monolingual instances)."]))
+    # Table 4 (xrag.txt L211-219)
+    cols = [("mono_en", "avg")] + [("mono", lang) for lang in langs] + [("mono", "avg")]
+    rows = []
+    for m in models:
+        if not has(m, {"mono", "mono_en"}):
+            continue
+        pname = paper_model(expected, m)
+        pub = (expected.get("table4") or {}).get(pname) if pname else None
+        paper = [pub.get(k) for k in ("en", *langs, "avg")] if pub else None
+        rows += with_paper(m, m, [get(s, l, m) for s, l in cols], cols, paper, pname)
+    out.append(_table("Table 4: monolingual retrieval (2 supporting + 6 distracting English "
+                      "articles), accuracy (%)",
+                      ["Model", "En"] + [lang.capitalize() for lang in langs] + ["Avg"], rows,
+                      avg_note))
+    # Table 5 (xrag.txt L230-237)
+    cols = [c for lang in langs for c in (("multi_en_x", lang), ("multi", lang))] + \
+        [("multi", "avg")]
+    header = ["Model"] + [h for lang in langs for h in (
+        f"En+En_{lang.capitalize()} (En)", f"En+{lang.capitalize()} ({lang.capitalize()})")] + \
+        ["Avg (crossling.)"]
+    rows = []
+    for m in models:
+        if not has(m, {"multi", "multi_en_x"}):
+            continue
+        pname = paper_model(expected, m)
+        pub = (expected.get("table5") or {}).get(pname) if pname else None
+        paper = [v for lang in langs for v in ((pub.get("en_x") or {}).get(lang),
+                                               (pub.get("x") or {}).get(lang))] + \
+            [pub.get("avg")] if pub else None
+        rows += with_paper(m, m, [get(s, l, m) for s, l in cols], cols, paper, pname)
+    out.append(_table("Table 5: multilingual retrieval (1 supporting + 3 distracting articles "
+                      "in X and the same in English), accuracy (%)", header, rows,
+                      avg_note + ["En_X: the X articles machine-translated to English by the "
+                                  "translate stage (the paper used Google Translate)."]))
+    # Table 6 and Tables 9-11 (xrag.txt L247-257, L690-712): one table per model
+    t6 = []
+    for m in models:
+        if not has(m, set(TABLE6_ROWS)):
+            continue
+        pname = paper_model(expected, m)
+        pub = (expected.get("table6") or {}).get(pname) if pname else None
+        rows = []
+        for s in TABLE6_ROWS:
+            cols = [(s, lang) for lang in langs] + [(s, "avg")]
+            paper = [(pub.get(s) or {}).get(k) for k in (*langs, "avg")] if pub else None
+            rows += with_paper(SETTING_SPECS[s].label, m, [get(c, l, m) for c, l in cols],
+                               cols, paper, pname)
+        where = f" (paper: Table {pub.get('table', 6)}, {pname})" if pub else ""
+        t6.append(_table(f"Table 6: controlled analysis of {m} on the multilingual retrieval "
+                         f"subset{where}, accuracy (%)",
+                         ["Setting"] + [f"En+{lang.capitalize()}" for lang in langs] + ["Avg"],
+                         rows, avg_note if pub else []))
+    out += t6 or [_table("Table 6: controlled analysis (multilingual retrieval), accuracy (%)",
+                         ["Setting"] + [f"En+{lang.capitalize()}" for lang in langs] + ["Avg"],
+                         [])]
+    # settings the paper did not run
+    ext = [s for s in SETTINGS if SETTING_SPECS[s].paper is None]
+    rows = [[m, f"{s}: {SETTING_SPECS[s].label}"] + [cell(s, lang, m) for lang in langs]
+            + [cell(s, "avg", m)] for s in ext for m in models if has(m, {s})]
+    if rows:
+        out.append(_table("Not in the paper (ext_* settings), accuracy (%)",
+                          ["Model", "Setting"] + [lang.capitalize() for lang in langs]
+                          + ["Avg"], rows))
     for metric, title in (
             ("response_language_error_rate", "Response-language errors (% answered in English)"),
-            ("answer_rate", "Answer rate (% of outputs with an <answer> tag)")):
-        rows = [[m, SETTING_SPECS[s].label] + [get(s, lang, m, metric) for lang in langs]
-                + [get(s, "avg", m, metric)] for s in SETTINGS if present(s, metric)
-                for m in models]
+            ("answer_rate", "Answer rate (% of outputs with an <answer> tag)"),
+            ("abstain_rate", "Abstain rate (% of answers that are <answer>None</answer>)"),
+            ("truncated", "Truncated prompts (count)")):
+        f = (lambda v: "–" if v is None else str(int(v))) if metric == "truncated" else _fmt
+        rows = [[m, f"{s}: {SETTING_SPECS[s].label}"]
+                + [f(get(s, lang, m, metric)) for lang in langs]
+                + [f(get(s, "avg", m, metric))]
+                for s in SETTINGS for m in models if has(m, {s}, metric)]
         if rows:
-            out.append(_table(title, ["Model", "Setting"] + cols + ["Avg"], rows))
+            out.append(_table(title, ["Model", "Setting"] + [lang.capitalize() for lang in langs]
+                              + ["Avg"], rows))
     kappa = [(k[2], v) for k, v in val.items() if k[3] == "kappa"]
     if kappa:
         out.append(_table("Judge panel vs humans, Cohen's kappa", ["Judged model", "kappa"],
