@@ -28,10 +28,11 @@ models: setup
 demo: setup
 	$(BIN)/xling models tiny
 	$(BIN)/xling run --config configs/demo.yaml
-	# MIRAGE-Bench's arena: the scripted API models run on 127.0.0.1:8977 meanwhile
+	# MIRAGE-Bench's arena and CROSS's reader: the scripted API models run on 127.0.0.1:8977
 	$(BIN)/python -m xling.dev.scripted_llm --port 8977 & pid=$$!; \
 	  trap 'kill $$pid' EXIT; $(BIN)/python -m xling.dev.scripted_llm --port 8977 --wait && \
-	  $(BIN)/xling run --config configs/demo-mirage.yaml
+	  $(BIN)/xling run --config configs/demo-mirage.yaml && \
+	  $(BIN)/xling run --config configs/demo-cross.yaml
 	$(BIN)/xling run --config configs/demo-mirage.yaml run_root=$(RUNS)/demo-mirage-published \
 	  study.options.source=published study.options.reference_model=gpt-4-azure \
 	  'study.options.held_out=[google/gemma-1.1-2b-it]' 'stages=[evaluate,report]'

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import random
 import re
@@ -313,6 +314,55 @@ def test_needle_rank_le_k_iff_gold_in_selected_text():
                         checked += 1
                         hits += info["target_rank"] <= k
     assert checked > 1000 and 0 < hits < checked
+
+
+def _fixture_options(**kw) -> dict:
+    return C.check_options({"data": [str(FIX / f) for f in FILES.values()],
+                            "query_langs": ["en"], **kw})
+
+
+def test_select_is_exact_with_constructed_ties_anywhere_in_the_matrix():
+    """The narrow stage's ranking (select) on vectors where sentences share one vector (so
+    their scores tie exactly), the copies placed first, spread and in the matrix's last rows:
+    every k of every selection equals a brute-force ranking by (-score, index)."""
+    opts = _fixture_options()
+    got = C.narrow_inputs(opts, "en")
+    sids = list(got["sentences"])
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((4, 16)).astype(np.float32)
+    for placement in ("first", "spread", "tail"):
+        vec = {}
+        for i, sid in enumerate(sids):
+            tied = {"first": i < 6, "spread": i % 5 == 0, "tail": i >= len(sids) - 6}[placement]
+            vec[sid] = base[i % 2] if tied else rng.standard_normal(16).astype(np.float32)
+        for key in got["queries"]:
+            vec[key] = base[2]
+        sels = C.select(opts, "en", vec, k_max=60)
+        assert sels and not [s for s in sels if s["error"]]
+        for sel in sels:
+            ctx = next(c for c in C.load_contexts(opts) if c["context_id"] == sel["context_id"])
+            split = C.context_split(ctx, C.splitter_for(opts))
+            rows = [vec[C.sentence_id(ctx["text"][a:b])] for a, b in split.spans]
+            scores = [math.fsum(float(x) * float(y) for x, y in zip(r, base[2])) for r in rows]
+            brute = sorted(range(len(rows)), key=lambda i: (-scores[i], i))
+            for k in range(1, len(sel["top_idx"]) + 1):
+                assert sel["top_idx"][:k] == brute[:k], (placement, sel["context_id"], k)
+            assert sel["label_rank"] == [brute.index(i) + 1 for i in split.label_idx]
+            assert sel["target_rank"] == sel["label_rank"][ctx["target"]]
+    # a context with a sentence that has no vector is an error row, not a crash
+    del vec[sids[0]]
+    assert any(s["error"] for s in C.select(opts, "en", vec))
+
+
+def test_narrow_inputs_count_each_distinct_sentence_once():
+    """The haystacks of one language share their text across depths and needle counts: the
+    narrow stage embeds the distinct sentences (the closing note's counts)."""
+    opts = _fixture_options(query_langs=["en", "sw"], allow_unverified=True)
+    en, sw = C.narrow_inputs(opts, "en"), C.narrow_inputs(opts, "sw")
+    assert (en["contexts"], en["sentences_total"], len(en["sentences"])) == (9, 298, 47)
+    assert (sw["contexts"], sw["sentences_total"], len(sw["sentences"])) == (5, 245, 53)
+    assert set(en["queries"]) == {"q:en:1", "q:en:3", "q:sw:1", "q:sw:3"}
+    assert C.narrow_options(opts, "sw")["data"] == [d for d in opts["data"] if d["lang"] == "sw"]
 
 
 def test_selection_text_orders():

@@ -2,8 +2,8 @@
 
     xling run     --config FILE [KEY=VALUE ...]   run every stage the config lists, in order
     xling <stage> --config FILE [KEY=VALUE ...]   run one stage (ingest, translate, index,
-                                                  retrieve, rerank, generate, judge, evaluate,
-                                                  report)
+                                                  retrieve, rerank, narrow, generate, features,
+                                                  judge, evaluate, report)
     xling validate --config FILE [KEY=VALUE ...]  check a config and print it with cell hashes
     xling status  RUN_ROOT                        done / partial / failed cells, rows, errors
     xling models  tiny                            build the tiny offline test models
@@ -60,6 +60,7 @@ def stage_registry() -> dict:
     from xling.jobs.evaluate import EvaluateStage
     from xling.jobs.index import IndexStage
     from xling.jobs.ingest import IngestStage
+    from xling.jobs.narrow import NarrowStage
     from xling.jobs.rerank import RerankStage
     from xling.jobs.retrieve import RetrieveStage
     from xling.jobs.study import StudyFeaturesStage, StudyGenerateStage, StudyJudgeStage
@@ -67,7 +68,8 @@ def stage_registry() -> dict:
 
     # generate and judge come with the study glue: plain prompt files work through it too.
     return {"ingest": IngestStage, "translate": TranslateStage, "index": IndexStage,
-            "retrieve": RetrieveStage, "rerank": RerankStage, "generate": StudyGenerateStage,
+            "retrieve": RetrieveStage, "rerank": RerankStage, "narrow": NarrowStage,
+            "generate": StudyGenerateStage,
             "features": StudyFeaturesStage, "judge": StudyJudgeStage, "evaluate": EvaluateStage}
 
 
@@ -228,6 +230,32 @@ example:
 """)
     _stage_args(p)
     p = sub.add_parser(
+        "narrow", help="rank each long context's sentences against the query (CROSS): "
+                       "embed once, keep the top k",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="For a study that narrows long contexts (cross): one cell per context "
+                    "language embeds every distinct sentence of its contexts once with "
+                    "BGE-M3 (cached in the run store under _cache/emb/, so reruns, new query "
+                    "languages and new k embed nothing new), then ranks each context's "
+                    "sentences against each query language exactly (score descending, ties by "
+                    "sentence index) and writes the top max(ks) with every needle's rank to "
+                    "narrow/<study>.<lang>.<hash>/_selections.parquet. The generate stage's "
+                    "CROSS prompts read it.",
+        epilog="""settings (narrow.*):
+  model             hub id, local path or tiny:bge_m3                       [BAAI/bge-m3]
+  max_length        tokens per sentence; longer ones are truncated and counted    [512]
+  fp16              half precision on CUDA                                       [false]
+  encode_batch_size texts per forward pass                                          [32]
+  cache             reuse vectors stored in the run store                         [true]
+  shards            deterministic shards per cell                                    [4]
+  parallel.concurrency / batch_size / num_gpus / num_cpus
+
+example:
+  xling narrow --config configs/cross.yaml narrow.parallel.num_gpus=1
+  xling narrow --config configs/cross.yaml 'study.options.query_langs=[en,fa]' --dry-run
+""")
+    _stage_args(p)
+    p = sub.add_parser(
         "features", help="model-scored features of a study's generations (NLI, reranker, "
                          "language id, LLM scores, lexical metrics)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -375,6 +403,9 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
     registry = stage_registry()
     runner = Runner(store, force=args.force, progress=not args.no_progress)
     if args.dry_run:
+        # Planning reads the cells' manifests from the store: reach it first, so that a
+        # missing credential or endpoint is one line naming the fix, not a botocore trace.
+        store.check(write=False)
         for name in stages:
             if name == "report":
                 print(f"[report] would write {store.url('report/summary.md')}")

@@ -20,6 +20,7 @@ from xling.jobs.generate import GenerateConfig
 from xling.jobs.index import IndexConfig
 from xling.jobs.ingest import IngestConfig
 from xling.jobs.judge import JudgeConfig
+from xling.jobs.narrow import NarrowConfig
 from xling.jobs.rerank import RerankConfig
 from xling.jobs.retrieve import RetrieveConfig
 from xling.jobs.study import StudyConfig
@@ -28,8 +29,8 @@ from xling.jobs.translate import TranslateConfig
 __all__ = ["ConfigError", "STAGE_ORDER", "XlingConfig", "load_config", "validate_config"]
 
 
-STAGE_ORDER = ("ingest", "translate", "index", "retrieve", "rerank", "generate", "features",
-               "judge", "evaluate", "report")
+STAGE_ORDER = ("ingest", "translate", "index", "retrieve", "rerank", "narrow", "generate",
+               "features", "judge", "evaluate", "report")
 
 
 class XlingConfig(Strict):
@@ -47,6 +48,7 @@ class XlingConfig(Strict):
     retrieve: RetrieveConfig | None = None
     rerank: RerankConfig | None = None
     study: StudyConfig | None = None
+    narrow: NarrowConfig | None = None
     generate: GenerateConfig | None = None
     features: FeaturesConfig | None = None
     judge: JudgeConfig | None = None
@@ -69,6 +71,14 @@ class XlingConfig(Strict):
 
     @model_validator(mode="after")
     def _study_links(self) -> "XlingConfig":
+        if self.narrow is not None and self.study is None:
+            raise ValueError("narrow ranks a study's sentences: it needs a `study:` section "
+                             "(e.g. task: cross)")
+        if self.study is not None and self.study.task == "cross" and self.narrow is None \
+                and "cross" in self.study.options["methods"]:
+            raise ValueError("study 'cross' with method cross needs a `narrow:` section (the "
+                             "sentence embedder, e.g. `narrow: {model: BAAI/bge-m3}`), or "
+                             "study.options.methods without cross")
         for name in ("judge", "features"):
             if getattr(self, name) is not None and (self.study is None or self.generate is None):
                 raise ValueError(f"{name} scores a study's generations: it needs `study:` and "

@@ -311,7 +311,8 @@ GENERATIONS = pa.schema([
     ("parsed", pa.map_(pa.string(), pa.string())), ("n_prompt_tokens", pa.int64()),
     ("n_output_tokens", pa.int64()), ("latency_s", pa.float64()), ("finish_reason", pa.string()),
     ("too_long", pa.string()), ("truncated_from", pa.int64()), ("cached", pa.bool_()),
-    ("attempts", pa.int64()), ("cache_key", pa.string()), ("error", pa.string())])
+    ("attempts", pa.int64()), ("cache_key", pa.string()), ("error", pa.string()),
+    ("meta", pa.string())])
 
 # Engine settings that decide which pool serves a model entry (the rest is per call).
 ENGINE_KEYS = ("backend", "model", "chat", "max_model_len", "dtype", "engine_kwargs",
@@ -388,8 +389,9 @@ class StoreGenerator(StoreLLM):
             got = dict(zip(todo, zip(done, cached, keys)))
             parser = PARSERS[call["parser"]]
             out = []
-            for i, row in enumerate(rows.select(["item_id", "study", "setting", "lang", RID,
-                                                 "_shard", CELL, "error"]).to_pylist()):
+            keep = ["item_id", "study", "setting", "lang", RID, "_shard", CELL, "error",
+                    *(["meta"] if "meta" in rows.column_names else [])]
+            for i, row in enumerate(rows.select(keep).to_pylist()):
                 r = {**row, "model": call["model"], "prompt": prompts[i],
                      "prompt_hash": prompt_hash(decode_prompt(prompts[i])) if prompts[i] else None,
                      "too_long": call["too_long"]}

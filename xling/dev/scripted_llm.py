@@ -9,7 +9,10 @@ call:
   marker (an answer without one, such as the tiny model's, counts 0) and says `[[C]]` on a
   tie, except on about a third of the questions (by a hash of the question), where it
   prefers the weaker answer: a judge that is never wrong makes Bradley-Terry's estimate
-  infinite. On the pointwise prompts it gives a fixed score and rating.
+  infinite. On the pointwise prompts it gives a fixed score and rating;
+- `cross-perfect` / `cross-unanswerable`: CROSS readers. The perfect one answers the largest
+  7-digit number between `#CONTEXT` and `#ENDCONTEXT` (so it is right exactly when the
+  target needle was in what it was shown); the other always answers UNANSWERABLE.
 
 It exists so that `make demo` runs the whole arena (generate -> features -> judge ->
 evaluate) through the real HTTP client, the cache and the Ray actor pools, offline.
@@ -24,7 +27,16 @@ import re
 QUALITY = {"scripted-good": 2, "scripted-fair": 1}
 
 
+CROSS_READERS = ("cross-perfect", "cross-unanswerable")
+
+
 def reply(prompt: str, model: str) -> str:
+    if model == "cross-perfect":
+        ctx = prompt.split("#CONTEXT", 1)[-1].split("#ENDCONTEXT", 1)[0]
+        numbers = [int(n) for n in re.findall(r"(?<![0-9])[0-9]{7}(?![0-9])", ctx)]
+        return str(max(numbers)) if numbers else "UNANSWERABLE"
+    if model == "cross-unanswerable":
+        return "UNANSWERABLE"
     if model in QUALITY:
         ctx = prompt.split("Contexts:", 1)[-1]
         first = re.search(r"^\[([^\]]+)\]", ctx.strip(), re.M)
@@ -50,7 +62,7 @@ def reply(prompt: str, model: str) -> str:
 def serve(port: int, host: str = "127.0.0.1") -> None:
     from aiohttp import web
 
-    models = [*QUALITY, "scripted-judge"]
+    models = [*QUALITY, "scripted-judge", *CROSS_READERS]
 
     async def list_models(request):
         return web.json_response({"object": "list",

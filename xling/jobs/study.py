@@ -22,6 +22,7 @@ from xling.core.store import RunStore
 from xling.jobs.features import FeaturesStage
 from xling.jobs.generate import GenerateStage
 from xling.jobs.judge import JudgeStage
+from xling.jobs.narrow import NarrowStage, narrow_cell, read_selections
 from xling.jobs.translate import TranslateStage, translate_cell
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 # config: the `study:` section
 
 
-STUDIES = ("xrag", "bordirlines", "mirage")  # modules under xling/tasks/
+STUDIES = ("xrag", "bordirlines", "mirage", "cross")  # modules under xling/tasks/
 
 
 class StudyConfig(Strict):
@@ -82,6 +83,8 @@ def prompt_sets(cfg: XlingConfig) -> list[dict]:
                     f"articles machine-translated to English: add translate.documents entry "
                     f"'{source}' (format: {cfg.study.task}) with langs including {pc['lang']} "
                     "and targets [en]") from None
+        if getattr(mod, "needs_selection", lambda s: False)(pc["setting"]):
+            ps["selection"] = narrow_cell(cfg, mod.split_cell_lang(pc["lang"])[1]).id
         out.append(ps)
     if not out:
         raise ConfigError(f"study '{cfg.study.task}': the options select no prompt set "
@@ -108,10 +111,14 @@ def prompt_rows(cfg: XlingConfig, ps: dict) -> pa.Table:
     build keep their error."""
     from xling.tasks.prompts import built_prompt_table
 
-    tr = translations(cfg, RunStore(cfg.run_root), ps["translation"]) \
-        if "translation" in ps else None
+    store = RunStore(cfg.run_root)
+    tr = translations(cfg, store, ps["translation"]) if "translation" in ps else None
+    extra = {}
+    if "selection" in ps:
+        cell = next(c for c in NarrowStage().cells(cfg) if c.id == ps["selection"])
+        extra["selections"] = read_selections(store, cell)
     rows = study_module(cfg).build_prompts(ps["options"], ps["setting"], ps["lang"],
-                                           translations=tr)
+                                           translations=tr, **extra)
     return built_prompt_table(rows, where=f"{ps['setting']}.{ps['lang']}")
 
 
@@ -138,6 +145,11 @@ class StudyGenerateStage(GenerateStage):
             for tc in TranslateStage().cells(cfg) if needed else []:
                 if tc.id in needed:
                     require_done(store, tc, "the study's prompts")
+        if cfg.study is not None and "narrow" not in upstream:
+            needed = {c.params["prompts"].get("selection") for c in self.cells(cfg)} - {None}
+            for nc in NarrowStage().cells(cfg) if needed else []:
+                if nc.id in needed:
+                    require_done(store, nc, "the study's CROSS prompts")
 
     def prompt_rows(self, cell: Cell, cfg: XlingConfig) -> pa.Table:
         if "study" in cell.params["prompts"]:
@@ -224,13 +236,14 @@ def run_evaluate(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) ->
     """Score the study's generations the paper's way: items, metrics and the paper's tables."""
     import time
 
+    from xling.core.provenance import provenance
     from xling.core.runner import code_version, now
 
     t0 = time.time()
     mod, opts = study_module(cfg), cell.params["options"]
     gens = read_rows(store, cell.params["generations"],
-                     ["item_id", "study", "setting", "lang", "model", "parsed", "output", "error"],
-                     "evaluate")
+                     ["item_id", "study", "setting", "lang", "model", "parsed", "output", "error",
+                      *getattr(mod, "SCORE_COLUMNS", ())], "evaluate")
     judgments, extra, check = None, {}, None
     if cell.params["judgments"]:
         judgments = read_rows(store, cell.params["judgments"],
@@ -252,18 +265,27 @@ def run_evaluate(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) ->
     table = pa.Table.from_pylist(metrics, schema=STUDY_METRICS)
     store.write_parquet(f"{cell.dir}/part-00000.parquet", table)
     store.write_parquet(f"{cell.dir}/items.parquet", pa.Table.from_pylist(items))
-    md = mod.tables(metrics)
+    if hasattr(mod, "render"):  # tables and plots drawn from the items
+        md, plots = mod.render(items, metrics)
+    else:  # a module's tables may take the study options (XRAG: its published numbers)
+        import inspect
+
+        md = mod.tables(metrics, options=opts) \
+            if "options" in inspect.signature(mod.tables).parameters else mod.tables(metrics)
+        plots = mod.plots(metrics) if hasattr(mod, "plots") else {}
     store.write_bytes(f"{cell.dir}/table.md", md.encode())
-    plots = mod.plots(metrics) if hasattr(mod, "plots") else {}
     for name, data in plots.items():
         store.write_bytes(f"{cell.dir}/{name}", data)
     errors = sum(1 for i in items if i.get("error"))
     manifest = {"stage": "evaluate", "cell": cell.id, "key": cell.key, "params": cell.params,
                 "config_hash": cell.hash, "code_version": code_version(), "n_shards": 1,
                 "rows": table.num_rows, "errors": 0, "files": ["part-00000.parquet"],
-                "items": {"rows": len(items), "errors": errors, "file": "items.parquet"},
+                "items": {"rows": len(items), "errors": errors, "file": "items.parquet",
+                          # prompts the engine cut to fit max_model_len (XRAG items carry it)
+                          **({"truncated": sum(1 for i in items if i.get("truncated"))}
+                             if any("truncated" in i for i in items) else {})},
                 "generations": len(gens), "language_check": check, "table": "table.md",
-                "plots": sorted(plots),
+                "plots": sorted(plots), "provenance": provenance(),
                 "timings": {"this_run_seconds": round(time.time() - t0, 3)},
                 "finished_at": now()}
     store.write_json(f"{cell.dir}/_manifest.json", manifest)

@@ -248,7 +248,8 @@ def _data_entries(raw: Mapping) -> list[dict]:
         path = entry["path"]
         if "://" not in path and not os.path.isfile(path):
             raise _bad("data", f"file not found: {path}",
-                       "give the path of an mLongRR CSV (e.g. ../shared/data/mlongrr/...)")
+                       "give the path of an mLongRR CSV (get them with `git clone "
+                       "https://github.com/PortNLP/mLongRR data/mLongRR`)")
         lang = entry.get("lang") or _lang_of_file(path)
         if lang is None:
             raise _bad("data", f"entry {i}: no language for {path}",
@@ -1706,3 +1707,259 @@ def write_cases_csv(rows: Sequence[Mapping], path: str | os.PathLike) -> str:
         w.writeheader()
         w.writerows(rows)
     return str(path)
+
+
+# --- the study protocol (jobs/study.py) and the narrowing hooks (jobs/narrow.py) ----------
+#
+# A CROSS run is narrow -> generate -> evaluate -> report (spec s5.1): the narrow stage embeds
+# every distinct sentence of a context language once and ranks each haystack's sentences
+# against each query with :func:`select`; the generate stage's CROSS prompts read those
+# selections (``needs_selection``); baseline and needle-only prompts need none. Every prompt
+# row carries ``meta`` (what scoring needs), so evaluate reads neither prompts nor selections.
+
+SCORE_COLUMNS = ("meta", "n_prompt_tokens", "too_long", "finish_reason")
+
+
+def prompt_cells(opts: Mapping) -> list[dict]:
+    """One cell per setting x ``q-c`` pair that has contexts (a language shipped with 1
+    needle only gets no 3-needle cells)."""
+    have = {(c["needles"], c["lang"]) for c in load_contexts(opts)}
+    return [{"setting": s, "lang": lang} for s in settings(opts) for lang in cell_langs(opts)
+            if (parse_setting(s)[0], split_cell_lang(lang)[1]) in have]
+
+
+def input_files(opts: Mapping) -> list[str]:
+    return [d["path"] for d in opts["data"] if d["lang"] in opts["context_langs"]]
+
+
+def parser_for(setting: str) -> str:
+    return "none"  # scoring reads the raw output (containment, s1.7)
+
+
+def build_prompts(opts: Mapping, setting: str, lang: str, *, translations=None,
+                  selections: Mapping[tuple[str, str], Mapping] | None = None) -> list[dict]:
+    return prompt_rows(opts, setting, lang, selections=selections)
+
+
+def narrow_langs(opts: Mapping) -> list[str]:
+    """The context languages whose sentences the narrow stage ranks (none without CROSS)."""
+    return list(opts["context_langs"]) if "cross" in opts["methods"] else []
+
+
+# The options a narrow cell's selections depend on (the rest: order, join, methods, scoring,
+# only change prompts or scores, so they reuse the selections).
+NARROW_OPTIONS = ("needles", "ks", "query_langs", "query_text", "prompt_variant", "splitter",
+                  "extra_terminators", "lengths", "positions", "runs", "templates", "limit")
+
+
+def narrow_options(opts: Mapping, clang: str) -> dict:
+    """The options of one context language's narrow cell (checked options in, same shape
+    out, so :func:`narrow_inputs` and :func:`select` take them)."""
+    return {**{k: opts[k] for k in NARROW_OPTIONS},
+            "data": [d for d in opts["data"] if d["lang"] == clang], "context_langs": [clang],
+            "methods": ["cross"]}
+
+
+def sentence_id(text: str) -> str:
+    """A sentence's (or query's) content id: equal texts share one embedding."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def query_key(qlang: str, needles: int) -> str:
+    return f"q:{qlang}:{needles}"
+
+
+def queries(opts: Mapping) -> dict[str, str]:
+    """query_key -> the text the sentences are ranked against (``query_text`` option)."""
+    templates = load_templates(opts.get("templates"))
+    return {query_key(q, n): query_text(q, n, opts["query_text"],
+                                        variant=opts["prompt_variant"], templates=templates)
+            for q in opts["query_langs"] for n in opts["needles"]}
+
+
+def narrow_inputs(opts: Mapping, clang: str) -> dict:
+    """What the narrow stage embeds for one context language: ``sentences`` (id -> text, each
+    distinct sentence once over every context of both needle counts), ``queries`` (query key
+    -> text), and the counts (``sentences_total``, ``contexts``, ``context_errors``)."""
+    splitter, templates = splitter_for(opts), load_templates(opts.get("templates"))
+    sentences: dict[str, str] = {}
+    total = contexts = bad = 0
+    for ctx in load_contexts(opts):
+        if ctx["lang"] != clang:
+            continue
+        contexts += 1
+        if ctx.get("error"):
+            bad += 1
+            continue
+        text = ctx["text"]
+        for s, e in context_split(ctx, splitter, templates).spans:
+            total += 1
+            sentences.setdefault(sentence_id(text[s:e]), text[s:e])
+    return {"sentences": sentences, "queries": queries(opts), "sentences_total": total,
+            "contexts": contexts, "context_errors": bad}
+
+
+def scores_of(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Dot products in float64, row by row: a float32 product is exact in float64 and each
+    row is summed alone, so equal sentences score exactly equal wherever they sit in the
+    matrix (a BLAS GEMV may round its edge rows differently)."""
+    return (np.asarray(vectors, np.float64) * np.asarray(query, np.float64)).sum(axis=1)
+
+
+SELECTION_FIELDS = ("context_id", "needles", "clang", "qlang", "length", "position", "run",
+                    "n_sentences", "top_idx", "top_score", "label_idx", "label_rank",
+                    "target_idx", "target_rank", "splitter_fp", "error")
+
+
+def select(opts: Mapping, clang: str, vectors: Mapping[str, np.ndarray], *,
+           k_max: int | None = None) -> list[dict]:
+    """One selection per (context of ``clang``, query language): the exact ranking of the
+    context's sentences by similarity to the query (score descending, ties by sentence
+    index, s2.3), its first ``k_max`` entries (default the largest k) and each needle's
+    1-based rank in the full ranking. ``vectors`` maps :func:`sentence_id` and
+    :func:`query_key` to stored embeddings; a context with a sentence or query missing there
+    is an error row."""
+    k_max = k_max or max(opts["ks"])
+    splitter, templates = splitter_for(opts), load_templates(opts.get("templates"))
+    out = []
+    for ctx in load_contexts(opts):
+        if ctx["lang"] != clang:
+            continue
+        base = {"context_id": ctx["context_id"], "needles": ctx["needles"], "clang": clang,
+                "length": ctx["length"], "position": str(ctx["position"]), "run": ctx["run"]}
+        rows = [{**base, "qlang": q} for q in opts["query_langs"]]
+        if ctx.get("error"):
+            out += [{**r, "error": ctx["error"]} for r in rows]
+            continue
+        split = context_split(ctx, splitter, templates)
+        text = ctx["text"]
+        sids = [sentence_id(text[s:e]) for s, e in split.spans]
+        missing = sum(1 for s in sids if s not in vectors)
+        if missing:
+            out += [{**r, "error": f"{missing} of {len(sids)} sentences have no embedding"}
+                    for r in rows]
+            continue
+        matrix = np.stack([vectors[s] for s in sids])
+        for r in rows:
+            qv = vectors.get(query_key(r["qlang"], ctx["needles"]))
+            if qv is None:
+                out.append({**r, "error": "the query has no embedding"})
+                continue
+            scores = scores_of(matrix, qv)
+            order = rank(scores)
+            ranks = label_ranks(order, split.label_idx)
+            top = order[:k_max]
+            out.append({**r, "n_sentences": split.n_sentences,
+                        "top_idx": [int(i) for i in top],
+                        "top_score": [float(scores[i]) for i in top],
+                        "label_idx": [int(i) for i in split.label_idx], "label_rank": ranks,
+                        "target_idx": int(split.target_idx),
+                        "target_rank": ranks[ctx["target"]] if ranks else None,
+                        "splitter_fp": split.splitter_fp, "error": None})
+    return [{f: r.get(f) for f in SELECTION_FIELDS} for r in out]
+
+
+def hits_at(selections: Iterable[Mapping], ks: Sequence[int]) -> dict[str, float]:
+    """% of selections whose target needle ranks within k (LLM-free), per k."""
+    ranks = [s["target_rank"] for s in selections if not s.get("error")]
+    return {f"hit@{k}": (100.0 * sum(1 for r in ranks if r is not None and 0 < r <= k)
+                         / len(ranks)) if ranks else None for k in ks}
+
+
+_REFUSED = re.compile(r"prompt too long|maximum context length|context length|too many tokens",
+                      re.I)
+
+
+def score(opts: dict, generations: list[dict], judgments=None, **_) -> tuple[list, list]:
+    """Items (one per generation, with its failure class) and metric rows per (setting,
+    lang = q-c, model): accuracy and strict accuracy with Wilson 95% intervals, the failure
+    classes, hit rate of the target (CROSS), input reduction, refused prompts; accuracy also
+    by length and by depth (``accuracy|length=2k``, ``accuracy|depth=50``)."""
+    from xling.tasks.xrag import wilson
+
+    rows = []
+    for g in generations:
+        meta = g.get("meta")
+        meta = json.loads(meta) if isinstance(meta, str) else (meta or {})
+        err = g.get("error")
+        refused = bool(err and _REFUSED.search(err))
+        rows.append({**g, "meta": meta, "refused": refused, "too_long": None,  # the policy
+                     "output": None if err else g.get("output"),
+                     "gen_error": err})
+    usable = [r for r in rows if r["meta"]]
+    items_df = score_rows(usable, rule=opts.get("embedding_failure", "target"))
+    items = []
+    for r, rec in zip(usable, items_df.to_dict("records")):
+        rec.update(setting=r["setting"], lang=r["lang"], error=r["gen_error"])
+        items.append(rec)
+    for r in rows:  # a prompt that could not be built: counted, never scored as correct
+        if not r["meta"]:
+            items.append({"model": r.get("model"), "item_id": r.get("item_id"),
+                          "setting": r.get("setting"), "lang": r.get("lang"), "correct": False,
+                          "failure": "error", "error": r.get("gen_error") or "no prompt"})
+    metrics = []
+
+    def add(setting, lang, model, metric, value, n, lo=None, hi=None):
+        metrics.append({"study": STUDY, "setting": setting, "lang": lang, "model": model,
+                        "metric": metric, "value": value, "ci_low": lo, "ci_high": hi, "n": n})
+
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for it in items:
+        groups[(it["setting"], it["lang"], it["model"])].append(it)
+    for (setting, lang, model), its in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        n = len(its)
+        for metric, key in (("accuracy", "correct"), ("strict_accuracy", "strict")):
+            k = sum(1 for i in its if i.get(key))
+            add(setting, lang, model, metric, 100.0 * k / n, n, *wilson(k, n))
+        for cls in (*FAILURE_DETAILS[1:], "error"):
+            k = sum(1 for i in its if i.get("failure_detail", i.get("failure")) == cls)
+            add(setting, lang, model, cls, 100.0 * k / n, n)
+        if needs_selection(setting):
+            k = sum(1 for i in its if i.get("target_in_cap"))
+            add(setting, lang, model, "hit", 100.0 * k / n, n, *wilson(k, n))
+        for red in ("reduction_words", "reduction_tokens"):
+            vals = [i[red] for i in its if i.get(red) is not None and not pd.isna(i[red])]
+            if vals:
+                add(setting, lang, model, red, 100.0 * float(np.mean(vals)), len(vals))
+        for dim, key in (("length", "length"), ("depth", "position")):
+            by: dict[str, list[bool]] = defaultdict(list)
+            for i in its:
+                if i.get(key) is not None:
+                    by[str(i[key])].append(bool(i.get("correct")))
+            for v, cs in by.items():
+                add(setting, lang, model, f"accuracy|{dim}={v}", 100.0 * sum(cs) / len(cs),
+                    len(cs))
+    return items, metrics
+
+
+def _items_frame(items: Sequence[Mapping]) -> pd.DataFrame:
+    return pd.DataFrame.from_records([i for i in items if i.get("failure") != "error"])
+
+
+def render(items: Sequence[Mapping], metrics: Sequence[Mapping]) -> tuple[str, dict[str, bytes]]:
+    """The paper-shaped tables (markdown) and plots (PNG bytes by file name) of a run."""
+    import tempfile
+
+    df = _items_frame(items)
+    errors = sum(1 for i in items if i.get("failure") == "error")
+    if df.empty:
+        return f"# CROSS\n\nno scored items ({errors} unusable)\n", {}
+    md = "# CROSS on mLongRR\n\n" + markdown_tables(df)
+    if errors:
+        md += f"\n{errors} items had no usable prompt (counted as errors, not scored).\n"
+    plots: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        drawn = {"accuracy_by_length.png": lambda p: plot_accuracy(df, "length", p),
+                 "accuracy_by_depth.png": lambda p: plot_accuracy(df, "position", p),
+                 "failures.png": lambda p: plot_failures(df, p)}
+        if (df["method"] == "cross").any():
+            drawn["accuracy_by_k.png"] = lambda p: plot_accuracy(df, "k", p)
+            for n in sorted(df["needles"].unique()):
+                drawn[f"pairs_{int(n)}n.png"] = (
+                    lambda p, n=int(n): plot_pair_heatmap(df, p, needles=n))
+        for name, draw in drawn.items():
+            path = os.path.join(tmp, name)
+            draw(path)
+            plots[name] = Path(path).read_bytes()
+    return md, plots
+

@@ -14,8 +14,16 @@ from typing import IO, Any, Iterator
 import pyarrow as pa
 
 PROMPTS = pa.schema([("item_id", pa.string()), ("study", pa.string()), ("setting", pa.string()),
-                     ("lang", pa.string()), ("prompt", pa.string()), ("error", pa.string())])
+                     ("lang", pa.string()), ("prompt", pa.string()), ("error", pa.string()),
+                     ("meta", pa.string())])
 OPTIONAL = ("study", "setting", "lang")
+
+
+def _meta(obj: dict) -> str | None:
+    """A study's per-prompt facts (JSON), carried through to the generations for scoring."""
+    m = obj.get("meta")
+    return m if m is None or isinstance(m, str) else json.dumps(m, ensure_ascii=False,
+                                                                 sort_keys=True)
 
 
 def prompt_row(obj: Any, where: str) -> dict:
@@ -23,6 +31,7 @@ def prompt_row(obj: Any, where: str) -> dict:
     if not isinstance(obj, dict):
         return {"item_id": where, "prompt": None, "error": f"{where}: not a JSON object"}
     row = {k: (None if obj.get(k) is None else str(obj[k])) for k in OPTIONAL}
+    row["meta"] = _meta(obj)
     item = obj.get("item_id", obj.get("id"))
     prompt = obj.get("prompt", obj.get("messages"))
     if item is None or str(item).strip() == "":
@@ -58,5 +67,6 @@ def prompt_table(rows) -> pa.Table:
 def built_prompt_table(rows, *, where: str) -> pa.Table:
     """Prompt rows a study's module built: rows it could not build keep their error (and
     have no prompt); the rest are checked like file rows."""
-    return prompt_table({k: r.get(k) for k in ("item_id", *OPTIONAL, "error")} if r.get("error")
-                        else prompt_row(r, where) for r in rows)
+    return prompt_table({**{k: r.get(k) for k in ("item_id", *OPTIONAL, "error")},
+                         "meta": _meta(r)} if r.get("error") else prompt_row(r, where)
+                        for r in rows)

@@ -1,0 +1,149 @@
+"""Throughput of the CROSS narrowing stage against a bare BGE-M3 encode plus numpy top-k, on
+the same sentences of the same mLongRR contexts, in one run.
+
+- bare: `BGEM3FlagModel.encode` (loaded as xling loads it) over the distinct sentences and the
+  queries in one call, then for every (context, query language) the dot products and a
+  stable argsort, top max(k);
+- xling: the `narrow` stage (jobs/narrow.py) on a fresh run root through the runner: the
+  distinct sentences through the `StoreEmbedder` actor pool (the embedding cache, Arrow
+  batches, commits), then the exact ranking of every haystack on the driver.
+
+Both sides embed each distinct sentence once, so the ratio is the stage's overhead around the
+engine (steady state, benchmarks/common.py; the ranking is timed apart). The gain xling has
+over a per-context pipeline, which would embed every sentence of every haystack, is reported
+separately: sentences in all contexts / distinct sentences (the mLongRR haystacks of one
+language share their text across lengths, depths and needle counts).
+
+Data: the shared mLongRR files when they are there (`../shared/data/mlongrr`, every length
+up to 64k of English 1- and 3-needle), else the shipped 2k cuts (tests/data/mlongrr).
+
+    .venv/bin/python benchmarks/narrow.py
+    .venv/bin/python benchmarks/narrow.py --model BAAI/bge-m3 --lengths 2k,8k,16k   # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_ratios, stream_rates  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared/data/mlongrr"
+
+
+def data_files(lang_file: str) -> list[str]:
+    base = SHARED if SHARED.is_dir() else ROOT / "tests/data/mlongrr"
+    return [str(p) for p in (base / "1-needle" / lang_file, base / "3-needles" / lang_file)
+            if p.is_file()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny:bge_m3", help="hub id, local path or tiny:bge_m3")
+    ap.add_argument("--file", default="English_needles.csv", help="mLongRR file name")
+    ap.add_argument("--lengths", default="2k,8k,16k", help="context lengths to keep")
+    ap.add_argument("--max-length", type=int, default=512)
+    ap.add_argument("--encode-batch-size", type=int, default=32)
+    ap.add_argument("--shards", type=int, default=4)
+    args = ap.parse_args()
+
+    import ray
+    import ray.data
+    import torch
+
+    from xling.actors.embedder import M3Embedder
+    from xling.config import validate_config
+    from xling.core.models import resolve_model
+    from xling.core.runner import Runner
+    from xling.core.store import RunStore
+    from xling.jobs.narrow import NarrowStage
+    from xling.tasks import cross
+
+    gpu = torch.cuda.is_available()
+    files = data_files(args.file)
+    opts = cross.check_options({"data": files, "query_langs": ["en"],
+                                "lengths": args.lengths.split(",")})
+    clang = opts["context_langs"][0]
+    t = time.perf_counter()
+    got = cross.narrow_inputs(opts, clang)
+    split_s = time.perf_counter() - t
+    sentences, queries = list(got["sentences"].values()), got["queries"]
+    n = len(sentences) + len(queries)
+    print(f"{len(files)} file(s), lengths {args.lengths}: {got['contexts']} contexts, "
+          f"{got['sentences_total']} sentences, {len(sentences)} distinct, {len(queries)} "
+          f"queries; model {args.model}, device {'cuda' if gpu else 'cpu'}, split "
+          f"{split_s:.2f} s")
+
+    # ---- bare: BGEM3FlagModel.encode + numpy top-k -----------------------------------------
+    model = resolve_model(args.model, key="--model")
+    t = time.perf_counter()
+    bare = M3Embedder(model, max_length=args.max_length, batch_size=args.encode_batch_size,
+                      use_fp16=gpu).model
+    load = time.perf_counter() - t
+    t = time.perf_counter()
+    vecs = bare.encode([*sentences, *queries.values()], batch_size=args.encode_batch_size,
+                       max_length=args.max_length, return_dense=True,
+                       return_sparse=False)["dense_vecs"]
+    embed_s = time.perf_counter() - t
+    vec = dict(zip([*got["sentences"], *queries], np.asarray(vecs, np.float32)))
+    t = time.perf_counter()
+    bare_sel = cross.select(opts, clang, vec)
+    rank_s = time.perf_counter() - t
+    del bare
+
+    # ---- xling: the narrow stage -------------------------------------------------------------
+    tmp = Path(tempfile.mkdtemp(prefix="xling-bench-narrow-"))
+    cpus = os.cpu_count() or 1
+    cfg = validate_config({
+        "name": "bench", "run_root": str(tmp / "run"),
+        "study": {"task": "cross", "options": {"data": files, "query_langs": ["en"],
+                                               "lengths": args.lengths.split(","),
+                                               "methods": ["cross"]}},
+        "narrow": {"model": args.model, "max_length": args.max_length,
+                   "fp16": gpu, "encode_batch_size": args.encode_batch_size,
+                   "shards": args.shards,
+                   # one actor holding the cores (Ray gives it as many torch threads) beside
+                   # the read and commit tasks; on a GPU one actor per GPU
+                   "parallel": {"concurrency": [1, 1], "batch_size": 8 * args.encode_batch_size,
+                                "num_gpus": 1 if gpu else 0,
+                                "num_cpus": 1 if gpu else max(1, cpus - 1)}}})
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    store = RunStore(cfg.run_root)
+    runner = Runner(store, progress=False, log=lambda *_: None)
+    t = time.perf_counter()
+    runner.run(NarrowStage(), cfg)
+    wall = time.perf_counter() - t
+    rates = stream_rates(runner, wall, "StoreEmbedder", 1)
+    [cell] = store.list_dirs("narrow")
+    manifest = store.read_json(f"narrow/{cell}/_manifest.json")
+    xsel = store.read_parquet(f"narrow/{cell}/_selections.parquet").to_pylist()
+    ray.shutdown()
+
+    same = sum(a["top_idx"] == b["top_idx"] for a, b in zip(
+        sorted(bare_sel, key=lambda s: s["context_id"]),
+        sorted(xsel, key=lambda s: s["context_id"])))
+    print(f"selections equal to bare's: {same} of {len(xsel)} (float rounding of the two "
+          f"embedding runs can swap near-ties)")
+    print(f"ranking every haystack (bare and in xling's finalize): {rank_s * 1000:.0f} ms")
+    print("embedding (distinct sentences + queries)")
+    print_ratios("texts/s", n / embed_s, n / (embed_s + rank_s), rates, load)
+    nm = manifest["narrow"]
+    print(f"xling's reuse: {nm['sentences_total']} sentences in the haystacks, "
+          f"{nm['sentences_distinct']} distinct embedded once: "
+          f"{nm['sentences_total'] / max(1, nm['sentences_distinct']):.1f}x fewer than a "
+          f"per-context pipeline; a rerun with a new query language embeds 0 sentences")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    main()

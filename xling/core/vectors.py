@@ -1,0 +1,146 @@
+"""Embeddings behind a run-store cache: text in, a stored vector out, each text embedded once.
+
+The cache lives under `{run_root}/_cache/emb/<model>/<settings hash>/<space>/`, one Parquet
+file per actor call with the vectors that call embedded (`key` = sha256 of the text, `vector`
+float32, `n_tokens`). A space is a namespace the stage picks (the narrow stage uses the context
+language), so an actor loads only the vectors it may need. A job killed mid-shard keeps what
+its actors embedded; the rerun, a new query language or a new k reads them back instead of
+embedding again. The key holds only what changes a vector: the model and its output-changing
+settings (max_length, fp16, dtype); batch sizes and parallelism do not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+
+from xling.core.config import stable_hash
+from xling.core.store import RunStore
+
+VECTORS = pa.schema([("key", pa.string()), ("vector", pa.list_(pa.float32())),
+                     ("n_tokens", pa.int32()), ("created_at", pa.float64())])
+
+
+def text_key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def cache_dir(model: str, settings: dict, space: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "--", model).strip("-")
+    return f"_cache/emb/{slug}/{stable_hash(settings)[:16]}/{space}"
+
+
+def load_vectors(store: RunStore, rel_dir: str) -> dict[str, tuple[np.ndarray, int]]:
+    """key -> (vector, n_tokens) of every vector stored under `rel_dir` (the first copy
+    wins when two actors embedded the same text)."""
+    files = sorted(f for f in store.list(rel_dir) if f.endswith(".parquet"))
+    out: dict[str, tuple[np.ndarray, int]] = {}
+    if not files:
+        return out
+    t = store.read_parquet(files, columns=["key", "vector", "n_tokens"])
+    if not t.num_rows:
+        return out
+    flat = t["vector"].combine_chunks()
+    dim = len(flat[0])
+    mat = flat.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
+    for key, vec, n in zip(t["key"].to_pylist(), mat, t["n_tokens"].to_pylist()):
+        out.setdefault(key, (vec, n))
+    return out
+
+
+class StoreEmbedder:
+    """Ray Data actor: rows with `text` (and `_cell`) -> the same rows with `vector`,
+    `n_tokens`, `cached` and `error`, every vector read from or added to the cache.
+
+    `spaces[c]` is the cache namespace of cell c; `model` is what loads (a path or hub id),
+    `cache_model` the name the cache is filed under (the config's, so a moved checkout keeps
+    its cache). The model (BGE-M3, `actors/embedder`) is loaded on the first cache miss, so a
+    fully cached cell never loads it. Without a store (`store_uri=None`) nothing is cached.
+    """
+
+    def __init__(self, *, store_uri: str | None, model: str, cache_model: str, settings: dict,
+                 spaces: list[str], embedder: dict):
+        self.store = RunStore(store_uri) if store_uri else None
+        self.model, self.cache_model = model, cache_model
+        self.settings, self.spaces = settings, spaces
+        self.embedder_kwargs = embedder
+        self._embedder = None
+        self.known: dict[str, dict[str, tuple[np.ndarray, int]]] = {}
+        self.embedded = 0
+
+    def _space(self, space: str) -> dict[str, tuple[np.ndarray, int]]:
+        if space not in self.known:
+            self.known[space] = {} if self.store is None else load_vectors(
+                self.store, cache_dir(self.cache_model, self.settings, space))
+        return self.known[space]
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            from xling.actors.embedder import M3Embedder
+
+            self._embedder = M3Embedder(self.model, dense=True, **self.embedder_kwargs)
+        return self._embedder
+
+    def _embed(self, texts: list[str]) -> tuple[list, list[int | None], list[str | None]]:
+        batch = self.embedder(pa.table({"text": pa.array(texts, pa.string())}))
+        errors = batch["error"].to_pylist()
+        dense = batch["dense"].to_pylist()
+        tok = self.embedder.model.tokenizer(texts, add_special_tokens=True, truncation=False)
+        n_tokens = [len(ids) for ids in tok["input_ids"]]
+        return dense, n_tokens, errors
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from xling.core.runner import CELL
+
+        texts = batch["text"].to_pylist()
+        cells = batch[CELL].to_pylist()
+        prior = batch["error"].to_pylist() if "error" in batch.column_names else [None] * len(texts)
+        keys = [text_key(t) if t is not None else None for t in texts]
+        vectors: list = [None] * len(texts)
+        n_tokens: list = [None] * len(texts)
+        cached = [False] * len(texts)
+        errors = list(prior)
+        todo: dict[tuple[str, str], list[int]] = {}
+        for i, (k, c) in enumerate(zip(keys, cells)):
+            if errors[i] is not None:
+                continue
+            if k is None or not texts[i].strip():
+                errors[i] = "empty text"
+                continue
+            space = self.spaces[c]
+            hit = self._space(space).get(k)
+            if hit is not None:
+                vectors[i], n_tokens[i], cached[i] = hit[0], hit[1], True
+            else:
+                todo.setdefault((space, k), []).append(i)
+        if todo:
+            first = [idx[0] for idx in todo.values()]
+            dense, ntok, errs = self._embed([texts[i] for i in first])
+            new: dict[str, list[dict]] = {}
+            for (space, k), idx, vec, n, err in zip(todo, todo.values(), dense, ntok, errs):
+                for i in idx:
+                    vectors[i], n_tokens[i], errors[i] = vec, n, err
+                if err is None:
+                    v = np.asarray(vec, np.float32)
+                    self.known[space][k] = (v, n)
+                    new.setdefault(space, []).append({"key": k, "vector": v, "n_tokens": n,
+                                                      "created_at": time.time()})
+            self.embedded += len(first)
+            for space, rows in new.items() if self.store is not None else ():
+                self.store.write_parquet(
+                    f"{cache_dir(self.cache_model, self.settings, space)}/"
+                    f"{uuid.uuid4().hex}.parquet",
+                    pa.Table.from_pylist(rows, schema=VECTORS))
+        out = batch.drop_columns([c for c in ("text", "error") if c in batch.column_names])
+        return (out.append_column("vector", pa.array(
+                    [None if v is None else np.asarray(v, np.float32) for v in vectors],
+                    pa.list_(pa.float32())))
+                .append_column("n_tokens", pa.array(n_tokens, pa.int32()))
+                .append_column("cached", pa.array(cached, pa.bool_()))
+                .append_column("error", pa.array(errors, pa.string())))
