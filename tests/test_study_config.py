@@ -16,6 +16,7 @@ BORD = str(ROOT / "configs/bordirlines.yaml")
 XDATA = f"study.options.data={ROOT}/tests/data/xrag/xrag.test.jsonl"
 XTR = f"translate.documents.0.path={ROOT}/tests/data/xrag/xrag.test.jsonl"
 BDATA = f"study.options.data={ROOT}/tests/data/bordirlines"
+CROSS = str(ROOT / "configs/demo-cross.yaml")
 
 
 def xling(*args) -> subprocess.CompletedProcess:
@@ -37,6 +38,10 @@ def xling(*args) -> subprocess.CompletedProcess:
     ((BORD, BDATA, "study.options.modes=[qlang, sideways]"), "study.options.modes"),
     ((BORD, "study.options.data=/nope"), "study.options.data"),
     ((BORD, BDATA, "study.options.langs=[ru, xx]"), "'xx'"),
+    ((CROSS, "narrow=null"), "needs a `narrow:` section"),
+    ((XRAG, XDATA, XTR, "narrow={model: tiny:bge_m3}"), "with task: cross"),
+    ((CROSS, "study.options.allow_unverified=false"), "allow_unverified: true"),
+    ((CROSS, "study.options.data=[/nope/English_needles.csv]"), "git clone"),
 ])
 def test_bad_study_configs_are_refused_before_work(tmp_path, args, needle):
     p = xling("run", "--config", *args, f"run_root={tmp_path}/run")

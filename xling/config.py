@@ -7,6 +7,7 @@ has the machinery (strict models, hashing, overrides, error formatting).
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Literal
 
@@ -71,9 +72,11 @@ class XlingConfig(Strict):
 
     @model_validator(mode="after")
     def _study_links(self) -> "XlingConfig":
-        if self.narrow is not None and self.study is None:
-            raise ValueError("narrow ranks a study's sentences: it needs a `study:` section "
-                             "(e.g. task: cross)")
+        if self.narrow is not None and (self.study is None or not hasattr(
+                importlib.import_module(f"xling.tasks.{self.study.task}"), "narrow_langs")):
+            raise ValueError("narrow ranks the sentences of a study that narrows long contexts: "
+                             "it needs a `study:` section with task: cross (remove `narrow:` "
+                             "otherwise)")
         if self.study is not None and self.study.task == "cross" and self.narrow is None \
                 and "cross" in self.study.options["methods"]:
             raise ValueError("study 'cross' with method cross needs a `narrow:` section (the "
@@ -168,7 +171,20 @@ class XlingConfig(Strict):
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> XlingConfig:
     """Read, override and validate a config. Raises ConfigError with actionable messages."""
     data, given = read_config(path, overrides)
+    _expected_beside(data, path)
     return validate_config(data, source=str(path), overrides=given)
+
+
+def _expected_beside(data: dict, path: str | Path) -> None:
+    """`evaluate.expected` defaults to `<config>.expected.yaml` beside the config, when that
+    file exists (pyserini 2CR style); `expected: null` in the config turns it off."""
+    ev = data.get("evaluate") if isinstance(data, dict) else None
+    if not isinstance(ev, dict) or "expected" in ev or str(path).startswith("s3://"):
+        return
+    p = Path(path)
+    beside = p.with_name(f"{p.name.removesuffix(p.suffix)}.expected.yaml")
+    if beside.is_file():
+        ev["expected"] = str(beside)
 
 
 def validate_config(data: dict, source: str = "<config>",
