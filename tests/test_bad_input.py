@@ -116,3 +116,39 @@ def test_store_round_trip_over_s3(s3_server, monkeypatch):
     assert store.list("a") == ["a/b.json", "a/q.parquet"] and store.parquet_rows("a/q.parquet") == 2
     store.delete_tree("a")
     assert store.list("a") == [] and not store.exists("a/b.json")
+
+
+_NO_AWS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+           "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+@pytest.mark.parametrize("aws, needles", [
+    # No credentials anywhere (env, ~/.aws, instance metadata): refused before any request.
+    ({}, ["no S3 credentials", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"]),
+    ({"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"},
+     ["cannot reach the S3 endpoint", "AWS_ENDPOINT_URL"]),
+], ids=["no-credentials", "unreachable"])
+def test_dry_run_on_s3_checks_the_store_first(tmp_path, aws, needles):
+    """`--dry-run` reads manifests from the store: one line naming the fix, in seconds."""
+    env = {k: v for k, v in os.environ.items() if k not in _NO_AWS}
+    env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{_free_port()}", AWS_REGION="us-east-1",
+               AWS_EC2_METADATA_DISABLED="true",  # never ask 169.254.169.254 for credentials
+               AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"))
+    env.update(aws)
+    res = subprocess.run([sys.executable, "-m", "xling.cli", "run", "--dry-run", "--config",
+                          str(config(tmp_path, run_root="s3://xling-test/r"))],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    refused(res, *needles)
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:9", ""])
+def test_malformed_s3_endpoint(monkeypatch, endpoint):
+    """botocore's ValueError for an endpoint without a scheme (or set but empty) is a StoreError."""
+    for k in _NO_AWS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StoreError, match="Invalid endpoint.*AWS_ENDPOINT_URL to a full URL"):
+        RunStore("s3://xling-test/r").check(write=False)

@@ -159,6 +159,13 @@ class RunStore:
 
         endpoint = s3_settings()["endpoint"] or "AWS S3"
         try:
+            self.s3  # noqa: B018 -- building the client validates the endpoint URL
+        except ValueError as e:  # botocore: "Invalid endpoint: ..." (no scheme, or set but empty)
+            raise StoreError(
+                f"run_root '{self.uri}': {e}. Set AWS_ENDPOINT_URL to a full URL such as "
+                f"http://127.0.0.1:8333, or unset it (and AWS_ENDPOINT_URL_S3) for AWS S3."
+            ) from None
+        try:
             self.s3.head_bucket(Bucket=self.bucket)
             if write:
                 probe = self.key(f".xling-probe-{uuid.uuid4().hex}")
