@@ -59,8 +59,9 @@ class StoreEmbedder:
 
     `spaces[c]` is the cache namespace of cell c; `model` is what loads (a path or hub id),
     `cache_model` the name the cache is filed under (the config's, so a moved checkout keeps
-    its cache). The model (BGE-M3, `actors/embedder`) is loaded on the first cache miss, so a
-    fully cached cell never loads it. Without a store (`store_uri=None`) nothing is cached.
+    its cache). The model (BGE-M3, `actors/embedder`) loads once, in `__init__`: a cell only
+    runs when it has texts to embed or rank, and a load inside the first call would stall the
+    pipeline's first batch. Without a store (`store_uri=None`) nothing is cached.
     """
 
     def __init__(self, *, store_uri: str | None, model: str, cache_model: str, settings: dict,
@@ -70,6 +71,7 @@ class StoreEmbedder:
         self.settings, self.spaces = settings, spaces
         self.embedder_kwargs = embedder
         self._embedder = None
+        _ = self.embedder
         self.known: dict[str, dict[str, tuple[np.ndarray, int]]] = {}
         self.embedded = 0
 
