@@ -154,10 +154,11 @@ def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
         assert mm[("en", "all", "ties")]["value"] == 6
         assert mm[("sw", "all", "unparsed")]["value"] == 6
         assert mm[("avg", "all", "kendall_tau")]["value"] is not None
-        table = store.read_bytes(f"{ev['dir']}/table.md").decode()
+        table = store.read_bytes(f"{ev['dir']}/_table.md").decode()
         assert "Tables 7/8: en leaderboard" in table and "| 1 | s3 |" in table
-        assert store.read_bytes(f"{ev['dir']}/leaderboard.png")[:4] == b"\x89PNG"
-        assert "MIRAGE-Bench" in out
+        assert store.read_bytes(f"{ev['dir']}/_plots/leaderboard.png")[:4] == b"\x89PNG"
+        assert "## Results" in out and "MIRAGE-Bench" in store.read_bytes(
+            "report/summary.md").decode()
         # A rerun asks nothing: every cell is done; the server sees no new call (a killed
         # run's rerun is the next test).
         calls = sum(server.calls.values())
@@ -196,7 +197,7 @@ def test_mirage_published_route(tmp_path):
     m = {key(r): r["value"] for r in got}
     assert m[("en", "all", "ties")] == 1 and m[("en", "all", "unparsed")] == 1
     assert m[("en", "gpt-4-azure", "bt_rank")] == 1
-    assert (run_root / ev["dir"] / "leaderboard.png").is_file()
+    assert (run_root / ev["dir"] / "_plots" / "leaderboard.png").is_file()
 
 
 def test_mirage_killed_in_features_and_arena_resumes(tmp_path, s3_env):

@@ -131,8 +131,8 @@ def test_sigkill_mid_run_then_resume(tmp_path, run_root, tiny_models):
     [row] = json.loads(st.stdout)
     assert row["state"] == "partial" and row["shards_done"] == len(first)
 
-    rerun = xling("ingest", "--config", str(cfg), "--no-progress", stdout=subprocess.PIPE,
-                  stderr=subprocess.STDOUT)
+    rerun = xling("ingest", "--config", str(cfg), "--no-progress", "-v",  # per-cell lines
+                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out, _ = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, out.decode()[-3000:]
     assert f"{len(first)} already committed, {N_SHARDS - len(first)} to run" in out.decode()

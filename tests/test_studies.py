@@ -71,7 +71,7 @@ def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
         rows = {r["item_id"]: r for r in read_cell(store, m["dir"]).to_pylist()}
         assert "no m3 rel_langs hits for Taiwan_zhs" in rows["Taiwan_zhs"]["error"]
     (ev,) = manifests(store, "evaluate")
-    items = store.read_parquet([f"{ev['dir']}/items.parquet"]).to_pylist()
+    items = store.read_parquet([f"{ev['dir']}/_items.parquet"]).to_pylist()
     assert len(items) == sum(m["rows"] for m in gens)
     scripted = [i for i in items if i["model"] == "scripted"]
     # The scripted model's "A" maps to a claimant wherever there was a prompt.
@@ -87,13 +87,14 @@ def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
     # The tiny model's garbage is counted as unmapped, not dropped.
     assert m[("tiny", "qlang-direct", "all", "unmapped")] + m[
         ("tiny", "qlang-direct", "all", "errors")] >= 1
-    table = store.read_bytes(f"{ev['dir']}/table.md").decode()
+    table = store.read_bytes(f"{ev['dir']}/_table.md").decode()
     # Table 4's shape: rows model x IR mode, the published numbers beside no_ir's (the fixture
     # is m3's, so only no_ir compares) for a model the paper ran; neither model is one here
     for mode in ("no_ir", "qlang", "rel_langs"):
         assert f"| scripted | {mode} |" in table
     assert "| RANDOM |" in table and "ΔCS abs" in table and "# Country, std dev" in table
-    assert "## Results" in out and "| scripted | rel_langs |" in out  # the report prints it
+    assert "## Results" in out  # the report's digest is printed; the report holds the tables
+    assert "| scripted | rel_langs |" in store.read_bytes("report/summary.md").decode()
     # A rerun does nothing: every cell is done, nothing is generated again.
     again = ok("run", "--config", str(cfg), *overrides[:-1],
                "generate.models=[{name: tiny, backend: vllm, model: tiny:llama_chat, "
@@ -194,7 +195,7 @@ def test_xrag_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
     assert ev["language_check"]["languages"] == ["CHINESE", "ENGLISH", "GERMAN"]
     # prompts cut to fit max_model_len: counted in the generate and evaluate manifests
     assert ev["items"]["truncated"] == sum(m["generations"]["truncated"] for m in gens)
-    items = store.read_parquet([f"{ev['dir']}/items.parquet"]).to_pylist()
+    items = store.read_parquet([f"{ev['dir']}/_items.parquet"]).to_pylist()
     scripted = {(i["setting"], i["lang"], i["item_id"]): i for i in items if i["model"] == "scripted"}
     # The vote is over the valid judges only (the API judge here), and their number is kept.
     assert {i["n_valid_judges"] for i in scripted.values()} == {1}
@@ -213,7 +214,7 @@ def test_xrag_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
     tiny_items = [i for i in items if i["model"] == "tiny"]
     assert len(tiny_items) == sum(m["rows"] for m in tiny)
     assert all(not i["verdict"] and i["error"] for i in tiny_items)
-    table = store.read_bytes(f"{ev['dir']}/table.md").decode()
+    table = store.read_bytes(f"{ev['dir']}/_table.md").decode()
     for t in ("Table 3", "Table 4", "Table 5", "Table 6: controlled analysis of scripted"):
         assert t in table
     assert "| +EQ, +ES | 100.00 | – | 100.00 | – | 100.00 |" in table

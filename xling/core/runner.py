@@ -53,6 +53,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from xling.core.config import ConfigError, stable_hash
+from xling.core.provenance import provenance
 from xling.core.store import RunStore
 
 if TYPE_CHECKING:
@@ -162,6 +163,7 @@ class Stage(ABC):
 
     name: str = ""
     id_column: str = RID  # where a record id goes when the runner adds an error row
+    token_column: str | None = None  # output tokens for the progress bar (see TOKEN_COLUMNS)
 
     @abstractmethod
     def cells(self, cfg: XlingConfig) -> list[Cell]: ...
@@ -260,12 +262,18 @@ class _Shard:
 
 
 class Runner:
+    """`log` gets the stage lines (start, end, failures); `detail` the per-cell lines
+    (inputs, shards, commits, skips), `log` when not given. The CLI sends `detail` to the
+    run's log file, and to the console only with -v (see core/logs.py)."""
+
     def __init__(self, store: RunStore, *, force: bool = False, progress: bool = True,
-                 log=print):
+                 log=print, detail=None):
         self.store = store
         self.force = force
         self.progress = progress
         self.log = log
+        self.detail = detail or log
+        self._progress = None  # the running stage's Progress (shared by its groups)
         self.run_id = f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
         self.driver_bytes: dict[str, int] = {}  # cell id -> metadata bytes the driver received
         self.concurrent_groups = 0  # the most groups that ran at once (for tests and logs)
@@ -320,12 +328,16 @@ class Runner:
         for cell in cells:
             manifest = self.store.read_json_or_none(f"{cell.dir}/_manifest.json")
             if manifest and not self.force:
-                self.log(f"[{stage.name}] {cell.id}: done earlier ({manifest['rows']} rows, "
-                         f"{manifest['errors']} errors), skipped")
+                self.detail(f"[{stage.name}] {cell.id}: done earlier ({manifest['rows']} rows, "
+                            f"{manifest['errors']} errors), skipped")
                 reports[cell.id] = CellReport(cell, "skipped", manifest["rows"],
                                               manifest["errors"], 0, manifest["n_shards"])
             else:
                 todo.append(cell)
+        skipped = len(cells) - len(todo)
+        self.log(f"[{stage.name}] {len(cells)} cell(s), all already done (skipped)" if not todo
+                 else f"[{stage.name}] {len(cells)} cell(s): {len(todo)} to run"
+                 + (f", {skipped} already done (skipped)" if skipped else ""))
         try:
             inputs = self._prepare(stage, todo, cfg_of, reports)
         except Exception as e:  # e.g. a source that cannot be read: those cells fail
@@ -338,7 +350,14 @@ class Runner:
         for cell in ready:
             key = (stage.group(cell), stage.pool_key(cell, cfg_of[cell.id]))
             groups.setdefault(key, []).append(cell)
-        self._run_groups(stage, list(groups.values()), cfg_of, inputs, reports)
+        from xling.core.logs import Progress
+
+        self._progress = Progress(sum(self._pending_rows(c, inputs[c.id]) for c in ready),
+                                  stage.name, enabled=self.progress and bool(ready))
+        try:
+            self._run_groups(stage, list(groups.values()), cfg_of, inputs, reports)
+        finally:
+            self._progress.close()
         for cell in ready:
             if cell.id not in reports:
                 try:
@@ -348,10 +367,21 @@ class Runner:
                     self._fail(stage, cell, e, reports)
         ordered = [reports[c.id] for c in cells]
         failed = [r for r in ordered if r.state == "failed"]
+        ran = [r for r in ordered if r.state == "done"]
+        if ran:
+            self.log(f"[{stage.name}] committed {len(ran)} cell(s): "
+                     f"{sum(r.rows for r in ran):,} rows, {sum(r.errors for r in ran):,} errors, "
+                     f"{time.time() - t0:.0f}s -> {self.store.url(stage.name)}")
         if failed:
             raise StageFailed(f"{stage.name}: {len(failed)} of {len(ordered)} cell(s) failed: "
                               + "; ".join(f"{r.cell.id}: {r.message}" for r in failed))
         return ordered
+
+    def _pending_rows(self, cell: Cell, info: dict) -> int:
+        """Input records of the cell's shards that are not committed (the progress total)."""
+        done = {int(p.rsplit("/", 1)[-1].split(".")[0]) for p in
+                self.store.list(f"{cell.dir}/_shards") if p.endswith(".json")}
+        return sum(v["rows"] for s, v in info["shards"].items() if int(s) not in done)
 
     def _fail(self, stage: Stage, cell: Cell, e: BaseException, reports: dict) -> None:
         message = describe_error(e)
@@ -540,14 +570,15 @@ class Runner:
         """
         import ray
         import ray.data
-        from tqdm import tqdm
+
+        from xling.core.logs import Progress
 
         todo: list[tuple[int, int]] = []
         for i, cell in enumerate(cells):
             self.store.delete_tree(f"{cell.dir}/_tmp")
             info, done = inputs[cell.id], committed_shards(self.store, cell.dir)
-            self.log(f"[{stage.name}] {cell.id}: {info['rows']} input rows, {cell.n_shards} "
-                     f"shards, {len(done)} already committed, {cell.n_shards - len(done)} to run")
+            self.detail(f"[{stage.name}] {cell.id}: {info['rows']} input rows, {cell.n_shards} "
+                        f"shards, {len(done)} already committed, {cell.n_shards - len(done)} to run")
             for s in range(cell.n_shards):
                 if s in done:
                     continue
@@ -565,11 +596,10 @@ class Runner:
         meta = out.map_batches(
             _write_pieces, batch_format="pyarrow", batch_size=None, num_cpus=0.25,
             fn_kwargs=dict(store=self.store, dirs=[c.dir for c in cells], run_id=self.run_id,
-                           id_column=stage.id_column))
+                           id_column=stage.id_column, token_column=stage.token_column))
         total = sum(e["rows"] for e in expected.values())
-        label = cells[0].id if len(cells) == 1 else f"{len(cells)} cells"
-        bar = tqdm(total=total, desc=f"{stage.name} {label}", unit="rec",
-                   disable=not self.progress, dynamic_ncols=True)
+        # The stage's bar (run() makes it); a stage's group processed on its own gets one.
+        bar = self._progress or Progress(total, stage.name, enabled=self.progress)
         commit = ray.remote(num_cpus=0.25, max_retries=3)(_commit_shard)
         flight: dict[tuple[int, int], _Shard] = {}
         committing: dict = {}  # ObjectRef -> (cell index, shard, started)
@@ -603,6 +633,7 @@ class Runner:
                 cid = cells[r["cell"]].id
                 self.driver_bytes[cid] = self.driver_bytes.get(cid, 0) + round(
                     batch.nbytes * max(1, len(r["rids"])) / weight)
+            new = 0
             for r in rows:
                 key = (r["cell"], r["shard"])
                 if key in closed:  # cannot happen with 1:1 or whole-batch 1:N stages
@@ -612,16 +643,18 @@ class Runner:
                 st.pieces.append(r["path"])
                 before = len(st.seen)
                 st.seen.update(r["rids"])
-                bar.update(len(st.seen) - before)
+                new += len(st.seen) - before
                 if len(st.seen) >= expected[key]["rows"]:
                     submit(key, lost_check=False)
+            bar.update(new, tokens=sum(int(r.get("tokens") or 0) for r in rows))
             collect(block=False)
         for key in todo:  # shards the stage lost records of (or all of them)
             if key not in closed:
                 flight.setdefault(key, _Shard())
                 submit(key, lost_check=True)
         collect(block=True)
-        bar.close()
+        if bar is not self._progress:
+            bar.close()
         stream["ended"] = time.time()
         stream["busy"] = _operator_busy(meta)
         if os.environ.get("XLING_STREAM_STATS"):  # Ray Data's per-operator times (benchmarks)
@@ -672,6 +705,7 @@ class Runner:
         manifest = {
             "stage": stage.name, "cell": cell.id, "key": cell.key, "params": cell.params,
             "config_hash": cell.hash, "code_version": code_version(),
+            "provenance": provenance(),  # git sha, python and library versions
             "inputs": {"sources": cell.inputs, "rows": inputs["rows"],
                        "fingerprint": inputs["fingerprint"],
                        "partition": inputs.get("partition"),
@@ -697,8 +731,8 @@ class Runner:
         store.delete_tree(f"{d}/_tmp")
         store.delete(f"{d}/_failed.json")
         store.write_json(f"{d}/_manifest.json", manifest)  # last: marks the cell done
-        self.log(f"[{stage.name}] {cell.id}: committed {rows} rows ({errors} errors) -> "
-                 f"{store.url(d)}")
+        self.detail(f"[{stage.name}] {cell.id}: committed {rows} rows ({errors} errors) -> "
+                    f"{store.url(d)}")
         ran = sum(m["run_id"] == self.run_id for m in markers.values())
         return CellReport(cell, "done", rows, errors, ran, cell.n_shards, time.time() - t0)
 
@@ -746,10 +780,13 @@ def _tag_rows(batch: pa.Table, *, cell: int, shard_of_file: dict[str, int],
 
 
 def _write_pieces(batch: pa.Table, *, store: RunStore, dirs: list[str], run_id: str,
-                  id_column: str) -> pa.Table:
+                  id_column: str, token_column: str | None = None) -> pa.Table:
     """map_batches task after the stage's map: each (cell, shard) slice of an output block
-    goes to a temporary file in the store; only metadata goes back to the driver."""
-    out = {k: [] for k in ("cell", "shard", "path", "rows", "rids")}
+    goes to a temporary file in the store; only metadata goes back to the driver (with the
+    slice's output tokens, for the progress bar's tok/s)."""
+    out = {k: [] for k in ("cell", "shard", "path", "rows", "rids", "tokens")}
+    token_column = token_column or next((c for c in TOKEN_COLUMNS if c in batch.column_names),
+                                        None)
     if batch.num_rows == 0:
         return pa.table(out, schema=_PIECES)
     if ERROR not in batch.column_names:
@@ -768,11 +805,19 @@ def _write_pieces(batch: pa.Table, *, store: RunStore, dirs: list[str], run_id: 
         out["path"].append(rel)
         out["rows"].append(piece.num_rows)
         out["rids"].append(rids)
+        tokens = 0
+        if token_column and token_column in piece.column_names:
+            tokens = pc.sum(piece[token_column]).as_py() or 0
+        out["tokens"].append(int(tokens))
     return pa.table(out, schema=_PIECES)
 
 
 _PIECES = pa.schema([("cell", pa.int64()), ("shard", pa.int64()), ("path", pa.string()),
-                     ("rows", pa.int64()), ("rids", pa.list_(pa.uint64()))])
+                     ("rows", pa.int64()), ("rids", pa.list_(pa.uint64())),
+                     ("tokens", pa.int64())])
+# Output columns whose sum is a stage's generated tokens (the progress bar's tok/s), unless
+# the stage names its own `token_column`: LLM rows (generate, judge), translations.
+TOKEN_COLUMNS = ("n_output_tokens", "n_tgt_tokens")
 
 
 def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
@@ -850,6 +895,13 @@ def _write_shards(batch: pa.Table, *, store: RunStore, dirs: list[str],
 
 # ---------------------------------------------------------------------------------------
 # reading state
+
+
+# Side files of a cell, beside its part files. Names starting with "_" are skipped by
+# pyarrow's dataset discovery, so `pd.read_parquet(cell_dir)` reads exactly the cell's rows.
+TABLE = "_table.md"  # the cell's markdown table (the report prints it)
+ITEMS = "_items.parquet"  # a study's per-item scores
+PLOTS = "_plots"  # a study's figures, `_plots/<name>.png`
 
 
 def part_files(store: RunStore, rel_dir: str) -> list[str]:

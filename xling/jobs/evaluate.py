@@ -2,11 +2,19 @@
 
 One cell per (topic set, query language, document language), holding every system searched
 for it: the retrieve stage's runs and fusions, and TREC run files named in
-`evaluate.runs`. For each system it writes metric rows per query and averaged (trec_eval
-conventions, `tasks/irmetrics.py`, checked against pytrec_eval), the "glass ceiling" oracle
-of the system's top-N, and for each configured comparison a paired t-test per metric and
-the LLM-CLIR paper's PRI and Realized % (Eq. 1 and 2). A markdown table of the means goes
-next to the Parquet rows (`table.md`) and into the run report.
+`evaluate.runs`. For each system it writes metric rows per query and averaged (pytrec_eval,
+i.e. trec_eval's own code, through `tasks/irmetrics.py`; trec_eval or ir-measures names),
+the "glass ceiling" oracle of the system's top-N, and for each configured comparison a paired
+t-test per metric and the LLM-CLIR paper's PRI and Realized % (Eq. 1 and 2). Means are over
+every query of the qrels, one a run does not answer counting 0 (trec_eval `-c`, as
+pyserini's 2CR; `evaluate.average: run` for the queries a run answered), and so are the
+per-query rows and the paired tests. A markdown table of the means (`_table.md`) goes next
+to the Parquet rows and into the run report; with an expected file (`evaluate.expected`,
+by default `<config>.expected.yaml` beside the config) it has an OK/FAIL column comparing
+the means with the file's `scores` within its `tolerance`.
+
+Only the metrics rows are `part-*.parquet` in a cell: every other file starts with `_`, so
+that `pandas.read_parquet(cell_dir)` reads exactly the metrics rows.
 
 The rerank stage's runs over a retrieve run are systems of the same cell, each compared with
 its first stage (the paper's `*`: paired t-test, p < 0.05). After the cells, `tables.md`
@@ -25,14 +33,14 @@ import io
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
 from xling.core.config import ConfigError, NoHash, Strict, hashable
-from xling.core.runner import Cell, Stage, code_version, now, read_cell
+from xling.core.runner import TABLE, Cell, Stage, code_version, now, read_cell
 from xling.core.store import RunStore
 
 if TYPE_CHECKING:
@@ -61,18 +69,26 @@ class ExternalRun(Strict):
 
 
 class EvaluateConfig(Strict):
-    """`evaluate`: trec_eval-convention metrics per query and averaged, oracle, t-tests."""
+    """`evaluate`: trec_eval metrics (pytrec_eval) per query and averaged, oracle, t-tests."""
 
     runs: list[ExternalRun] = []
 
     metrics: list[str] = Field(
         ["map", "ndcg_cut_10", "ndcg_cut_20", "recall_100", "recip_rank"],
-        description="pytrec_eval names: map, ndcg_cut_K, recall_K, P_K, recip_rank")
+        description="trec_eval names (map, ndcg_cut_K, recall_K, P_K, recip_rank, success_K, "
+                    "...) or ir-measures names (AP, nDCG@K, R@K, P@K, RR, RR@K, Judged@K)")
+    average: Literal["qrels", "run"] = Field(
+        "qrels", description="qrels: mean over every query of the qrels, one without hits "
+                             "counting 0 (trec_eval -c, pyserini's 2CR); run: over the queries "
+                             "the run answered (trec_eval without -c)")
     oracle_depth: int = Field(100, ge=1, description="glass ceiling: relevant docs in the "
                                                      "top-N moved to the top")
     compare: list[Comparison] = []
-    expected: str | None = NoHash(None, description="a *.expected.yaml with a paper's tables "
-                                  "(`paper: tables:`), printed beside xling's in tables.md")
+    expected: str | None = NoHash(
+        None, description="a *.expected.yaml (default: <config>.expected.yaml beside the "
+        "config, when there): `scores` give _table.md an OK/FAIL column (within its "
+        "`tolerance`, default 0.005); a paper's tables (`paper: tables:`) are printed beside "
+        "xling's in tables.md")
     labels: str | None = Field(None, description="study with a judge panel: human labels "
                                                  "(jsonl/csv, see the study's tasks/ module) for "
                                                  "Cohen's kappa of the panel")
@@ -80,15 +96,16 @@ class EvaluateConfig(Strict):
     @field_validator("metrics")
     @classmethod
     def _metrics(cls, v: list[str]) -> list[str]:
-        import re
+        from xling.tasks.irmetrics import check_metrics
 
-        for m in v:
-            if not re.fullmatch(r"map|recip_rank|(ndcg_cut|recall|P|map_cut)_\d+", m):
-                raise ValueError(f"unknown metric {m!r}: use map, recip_rank, ndcg_cut_K, "
-                                 "recall_K, P_K or map_cut_K")
-        return v
+        return check_metrics(v)
 
 
+# An evaluate cell holds its metrics rows as `part-*.parquet` and nothing else that a
+# Parquet reader would pick up: every other file starts with `_` (pyarrow's dataset
+# discovery, and so `pandas.read_parquet(cell_dir)`, skips those), so that reading the
+# directory gives exactly the metrics rows.
+DEFAULT_TOLERANCE = 0.005  # an expected file's `tolerance` when it gives none
 
 METRICS = pa.schema([("study", pa.string()), ("setting", pa.string()), ("lang", pa.string()),
                      ("model", pa.string()), ("system", pa.string()), ("metric", pa.string()),
@@ -215,6 +232,7 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
 
     t0 = time.time()
     ec = cfg.evaluate
+    expected = read_expected(ec.expected)  # a bad file fails before any work
     ts = next(t for t in cfg.retrieve.topics if t.name == cell.key["topics"])
     run_modes = {r.name: r.mode for r in cfg.retrieve.runs}
     qrels = _read_qrels(cell.params["qrels"])
@@ -253,11 +271,13 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
     per_query: dict[str, dict] = {}
     base = dict(study=ts.name, lang=f"{cell.key['qlang']}->{cell.key['doc_lang']}")
     systems = list(runs)
+    complete = ec.average == "qrels"  # trec_eval -c: every query of the qrels
     for system in systems:
-        pq = irmetrics.evaluate(runs[system], qrels, ec.metrics)
+        pq = irmetrics.evaluate(runs[system], qrels, ec.metrics, complete=complete)
         per_query[system] = pq
         oracle = irmetrics.oracle_ceiling(runs[system], qrels, depth=ec.oracle_depth)
-        per_query[f"{system}+oracle"] = irmetrics.evaluate(oracle, qrels, ec.metrics)
+        per_query[f"{system}+oracle"] = irmetrics.evaluate(oracle, qrels, ec.metrics,
+                                                           complete=complete)
     for system, pq in per_query.items():
         plain = system.removesuffix("+oracle")
         setting = run_modes.get(plain, "fusion" if plain in cell.params["systems"] else
@@ -299,19 +319,94 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
     table = pa.Table.from_pylist(rows, schema=METRICS).append_column(
         "error", pa.nulls(len(rows), pa.string()))
     store.write_parquet(f"{cell.dir}/part-00000.parquet", table)
-    md = markdown_table(cell, ec.metrics, means, comparisons, unknown)
-    store.write_bytes(f"{cell.dir}/table.md", md.encode())
+    checks = check_expected(expected, cell.key, means, ec.metrics) if expected else []
+    md = markdown_table(cell, ec.metrics, means, comparisons, unknown, checks=checks,
+                        tolerance=expected["tolerance"] if expected else None)
+    store.write_bytes(f"{cell.dir}/{TABLE}", md.encode())
     manifest = {"stage": "evaluate", "cell": cell.id, "key": cell.key, "params": cell.params,
                 "config_hash": cell.hash, "code_version": code_version(), "n_shards": 1,
                 "rows": table.num_rows, "errors": 0, "files": ["part-00000.parquet"],
-                "queries": {s: len(per_query[s]) for s in systems},
+                "queries": {s: len(per_query[s]) for s in systems}, "average": ec.average,
+                "answered": {s: pc.count_distinct(runs[s]["query_id"]).as_py()
+                             if runs[s].num_rows else 0 for s in systems},
                 "qrels_queries": len(set(qrels["query_id"].to_pylist())),
-                "unknown_doc_ids": unknown, "table": "table.md",
+                "unknown_doc_ids": unknown, "table": TABLE,
+                **({"expected": {"file": ec.expected, "tolerance": expected["tolerance"],
+                                 "ok": all(c["ok"] for c in checks), "checks": checks}}
+                   if checks else {}),
                 "timings": {"this_run_seconds": round(time.time() - t0, 3)},
                 "finished_at": now()}
     store.write_json(f"{cell.dir}/_manifest.json", manifest)
     log(f"[evaluate] {cell.id}: {len(systems)} systems -> {store.url(cell.dir)}\n{md}")
     return manifest
+
+
+def read_expected(path: str | None) -> dict | None:
+    """An expected file (2CR style, e.g. configs/retrieve-ciral.expected.yaml): `scores`
+    maps `topics/system/doc_lang` (or `topics/system/qlang-doc_lang`) to `{metric: value}`,
+    `tolerance` (default 0.005) is the largest |ours - expected| that is OK. None without a
+    path; the file's `paper:` section is `write_pair_tables`'."""
+    if not path:
+        return None
+    import yaml
+
+    from xling.core.sources import _open
+
+    try:
+        with _open(path) as f:
+            data = yaml.safe_load(f.read()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"evaluate.expected: file not found: {path}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"evaluate.expected: {path} is not a YAML mapping")
+    scores = data.get("scores") or {}
+    if not isinstance(scores, dict) or not all(isinstance(v, dict) for v in scores.values()):
+        raise ConfigError(f"evaluate.expected: `scores` in {path} must map "
+                          "'topics/system/doc_lang' to {metric: value}")
+    return {"path": path, "source": data.get("source"), "scores": scores,
+            "tolerance": float(data.get("tolerance", DEFAULT_TOLERANCE)),
+            "paper": data.get("paper") or {}}
+
+
+def check_expected(expected: dict, key: dict, means: dict[str, dict[str, float]],
+                   metrics: list[str]) -> list[dict]:
+    """Our means beside the expected scores of this cell (topic set, query and document
+    language): one check per (system, metric) the file gives, `ok` when within the
+    tolerance. A metric the file names that the config does not compute is a failed check
+    (ours None), so that a missing measure is not taken for a match."""
+    from xling.tasks import irmetrics
+
+    ours = {irmetrics.canonical(m): m for m in metrics}
+    tol = expected["tolerance"]
+    checks = []
+    for system, values in means.items():
+        spec = None
+        for k in (f"{key['topics']}/{system}/{key['doc_lang']}",
+                  f"{key['topics']}/{system}/{key['qlang']}-{key['doc_lang']}"):
+            spec = expected["scores"].get(k, spec)
+        for metric, want in (spec or {}).items():
+            try:
+                name = ours.get(irmetrics.canonical(metric))
+            except ValueError as e:
+                raise ConfigError(f"evaluate.expected ({expected['path']}): {e}") from None
+            got = values.get(name) if name else None
+            got = None if got is None or math.isnan(got) else float(got)
+            ok = got is not None and abs(got - float(want)) <= tol + 1e-12
+            checks.append({"system": system, "metric": name or metric,
+                           "expected": float(want), "value": got, "ok": ok})
+    return checks
+
+
+def _check_cell(checks: list[dict]) -> str:
+    if not checks:
+        return ""
+    bad = [c for c in checks if not c["ok"]]
+    if not bad:
+        return "OK"
+    return "FAIL: " + "; ".join(
+        f"{c['metric']} {_fmt(c['value'])} vs {c['expected']:.4f}"
+        + (f" (Δ {c['value'] - c['expected']:+.4f})" if c["value"] is not None else
+           " (not computed: add it to evaluate.metrics)") for c in bad)
 
 
 def _fmt(v: float | None, pct: bool = False) -> str:
@@ -321,13 +416,23 @@ def _fmt(v: float | None, pct: bool = False) -> str:
 
 
 def markdown_table(cell: Cell, metrics: list[str], means: dict, comparisons: list[dict],
-                   unknown: dict) -> str:
+                   unknown: dict, *, checks: list[dict] | None = None,
+                   tolerance: float | None = None) -> str:
+    """The cell's _table.md: means per system, with an `expected` column (OK / FAIL within the
+    tolerance) when an expected file has numbers for the cell, then the comparisons."""
     title = (f"### {cell.key['topics']}: queries {cell.key['qlang']}, documents "
              f"{cell.key['doc_lang']}")
-    lines = [title, "", "| system | " + " | ".join(metrics) + " |",
-             "|---|" + "---|" * len(metrics)]
+    by_system: dict[str, list[dict]] = {}
+    for c in checks or []:
+        by_system.setdefault(c["system"], []).append(c)
+    extra = [f"expected (±{tolerance:g})"] if by_system else []
+    lines = [title, "", "| system | " + " | ".join([*metrics, *extra]) + " |",
+             "|---|" + "---|" * (len(metrics) + len(extra))]
     for system, ms in means.items():
-        lines.append(f"| {system} | " + " | ".join(_fmt(ms[m]) for m in metrics) + " |")
+        cells = [_fmt(ms[m]) for m in metrics]
+        if extra:
+            cells.append(_check_cell(by_system.get(system, [])))
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
     if comparisons:
         lines += ["", "| comparison | metric | s1 | s2 | oracle s* | PRI | Realized % | t | p |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -358,14 +463,8 @@ def write_pair_tables(cfg: XlingConfig, store: RunStore, *, log=print) -> str | 
                      for r in t.to_pylist()]
     if not rows:
         return None
-    paper = {}
-    if ec.expected:
-        import yaml
-
-        from xling.core.sources import _open
-
-        with _open(ec.expected) as f:
-            paper = (yaml.safe_load(f.read()) or {}).get("paper", {}).get("tables", {}) or {}
+    expected = read_expected(ec.expected)
+    paper = ((expected or {}).get("paper") or {}).get("tables") or {}
     out = []
     for ts in cfg.retrieve.topics:
         pairs = [(ql, dl) for ql in ts.langs for dl in ts.doc_langs]
@@ -407,7 +506,8 @@ def write_pair_tables(cfg: XlingConfig, store: RunStore, *, log=print) -> str | 
                         "| reranker | first stage | s1 | s* | PRI | s2 | Realized % |",
                         "|---|---|---|---|---|---|---|", *head, ""]
             for name, pt in paper.items():
-                if pt.get("topics") != ts.name or pt.get("metric") != metric:
+                if pt.get("topics") != ts.name or not pt.get("metric") or \
+                        irmetrics.canonical(pt["metric"]) != irmetrics.canonical(metric):
                     continue
                 cols = [c for c in pt["columns"] if c != "AVG"]
                 prow = []

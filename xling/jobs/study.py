@@ -264,7 +264,10 @@ def run_evaluate(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) ->
     items, metrics = mod.score(opts, gens, judgments, **extra)
     table = pa.Table.from_pylist(metrics, schema=STUDY_METRICS)
     store.write_parquet(f"{cell.dir}/part-00000.parquet", table)
-    store.write_parquet(f"{cell.dir}/items.parquet", pa.Table.from_pylist(items))
+    # only the metrics rows are part-*.parquet: the rest starts with `_` (jobs/evaluate.py)
+    from xling.core.runner import ITEMS, PLOTS, TABLE
+
+    store.write_parquet(f"{cell.dir}/{ITEMS}", pa.Table.from_pylist(items))
     if hasattr(mod, "render"):  # tables and plots drawn from the items
         md, plots = mod.render(items, metrics)
     else:  # a module's tables may take the study options (XRAG: its published numbers)
@@ -273,19 +276,19 @@ def run_evaluate(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) ->
         md = mod.tables(metrics, options=opts) \
             if "options" in inspect.signature(mod.tables).parameters else mod.tables(metrics)
         plots = mod.plots(metrics) if hasattr(mod, "plots") else {}
-    store.write_bytes(f"{cell.dir}/table.md", md.encode())
+    store.write_bytes(f"{cell.dir}/{TABLE}", md.encode())
     for name, data in plots.items():
-        store.write_bytes(f"{cell.dir}/{name}", data)
+        store.write_bytes(f"{cell.dir}/{PLOTS}/{name}", data)
     errors = sum(1 for i in items if i.get("error"))
     manifest = {"stage": "evaluate", "cell": cell.id, "key": cell.key, "params": cell.params,
                 "config_hash": cell.hash, "code_version": code_version(), "n_shards": 1,
                 "rows": table.num_rows, "errors": 0, "files": ["part-00000.parquet"],
-                "items": {"rows": len(items), "errors": errors, "file": "items.parquet",
+                "items": {"rows": len(items), "errors": errors, "file": ITEMS,
                           # prompts the engine cut to fit max_model_len (XRAG items carry it)
                           **({"truncated": sum(1 for i in items if i.get("truncated"))}
                              if any("truncated" in i for i in items) else {})},
-                "generations": len(gens), "language_check": check, "table": "table.md",
-                "plots": sorted(plots), "provenance": provenance(),
+                "generations": len(gens), "language_check": check, "table": TABLE,
+                "plots": sorted(f"{PLOTS}/{n}" for n in plots), "provenance": provenance(),
                 "timings": {"this_run_seconds": round(time.time() - t0, 3)},
                 "finished_at": now()}
     store.write_json(f"{cell.dir}/_manifest.json", manifest)

@@ -1,30 +1,38 @@
-"""IR evaluation with trec_eval's conventions, and the LLM-CLIR paper's oracle and PRI.
+"""IR evaluation through pytrec_eval (trec_eval's own code), with ir-measures' names, and the
+LLM-CLIR paper's oracle, PRI and Realized %.
 
-`evaluate` computes, per query, the measures trec_eval (and pytrec_eval, its Python
-binding, which the tests compare against) reports under the same names: `map`,
-`map_cut_K`, `ndcg`, `ndcg_cut_K`, `recall_K`, `P_K` and `recip_rank`. Conventions, each
-checked against pytrec_eval:
+`evaluate` computes per-query measures with pytrec_eval, the Python binding of trec_eval
+that pyserini's 2CR, ir-measures and ir_datasets use: the numbers are trec_eval's by
+construction (its ordering of hits: score rounded to a C `float`, descending, ties by doc_id
+descending; relevant means relevance >= 1; the rank column is ignored). Two measures that
+trec_eval lacks are computed here, as ir-measures computes them: `Judged@K` (its `judged`
+provider) and `RR@K` (reciprocal rank, 0 when the first relevant doc is below rank K).
 
-- the run's rank column is ignored. A query's hits are ordered by score, descending, with
-  the score first rounded to a C `float` (trec_eval keeps `float sim`; scores that differ
-  only beyond float32 precision are ties), and ties broken by doc_id in *descending* byte
-  order (`comp_sim_docno` in trec_eval's form_res_rels.c);
-- relevant means relevance >= 1 (trec_eval's default `relevance_level`); a judged doc with
-  a relevance of 0 or below, and an unjudged doc, are non-relevant and have no gain;
-- the queries evaluated are those in both the run and the qrels. A query that is in the
-  qrels but has no relevant doc is evaluated, and every measure is 0 for it (trec_eval
-  guards its divisions by the number of relevant docs and by the ideal DCG);
-- a query the run names with no hits (possible in the dict form) is evaluated, all 0;
-- there is no depth cut: every retrieved doc counts for `map` and `recip_rank`.
+Metric names (`parse_metric`, `evaluate.metrics`), either convention:
 
-Definitions (R = number of relevant docs of the query, rel(i) the doc at rank i):
-  P_K = |relevant in top K| / K (K even when fewer were retrieved);
-  recall_K = |relevant in top K| / R;
-  map = (1/R) Σ_{i: rel(i)} P_i; map_cut_K the same sum over i <= K;
-  recip_rank = 1 / rank of the first relevant doc;
-  ndcg_cut_K = DCG@K / IDCG@K with DCG@K = Σ_{i<=K} gain(i) / log2(i + 1) and gain the
-  relevance grade (Järvelin & Kekäläinen 2002, trec_eval's log2 discount), IDCG from the
-  query's judged grades sorted descending; `ndcg` is the same without a cut.
+| trec_eval (pytrec_eval)          | ir-measures                  | measure               |
+|----------------------------------|------------------------------|-----------------------|
+| `map`, `map_cut_K`               | `AP`, `MAP`, `AP@K`          | average precision     |
+| `ndcg`, `ndcg_cut_K`             | `nDCG`, `NDCG`, `nDCG@K`     | nDCG (log2, graded)   |
+| `recall_K`                       | `R@K`, `Recall@K`            | recall at K           |
+| `P_K`                            | `P@K`, `Precision@K`         | precision at K        |
+| `recip_rank`                     | `RR`, `MRR`; `RR@K`          | reciprocal rank       |
+| `success_K`                      | `Success@K`                  | a relevant doc in top K |
+| `Rprec`, `bpref`                 | `Rprec`, `Bpref`             |                       |
+| `num_ret`, `num_rel`, `num_rel_ret` | `NumRet`, `NumRel`, `NumRelRet` | counts          |
+| —                                | `Judged@K`                   | judged share of top K |
+
+trec_eval's dotted form (`ndcg_cut.20`, as in `trec_eval -m ndcg_cut.20`) is accepted too.
+Rows and tables keep the name as the config gives it; `canonical` maps both conventions to
+one name (`nDCG@20` and `ndcg_cut_20` are the same measure) for comparisons with expected
+numbers. An unknown name raises ValueError naming the closest valid ones. ir-measures'
+parameters (`AP(rel=2)`) are not supported.
+
+Which queries: `evaluate` returns the queries of the run that the qrels judge (pytrec_eval's
+set; trec_eval without `-c`), or with `complete=True` every query of the qrels, a query the
+run does not answer scoring 0 on every measure (trec_eval `-c`, the convention of pyserini's
+2CR for CIRAL and MIRACL, which the evaluate stage uses by default: `evaluate.average`).
+A query in the qrels without any relevant doc is evaluated, every measure 0 (trec_eval's).
 
 The LLM-CLIR paper's analysis tools: `oracle_ceiling` (the "glass ceiling" of a reranker
 that can only reorder a run's top N), `pri` and `realized` (its Eq. 1 and 2), and
@@ -33,10 +41,12 @@ that can only reorder a run's top N), `pri` and `realized` (its Eq. 1 and 2), an
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import warnings
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -45,19 +55,95 @@ import pyarrow.compute as pc
 from xling.tasks.runs import HITS_SCHEMA, as_hits
 
 DEFAULT_METRICS = ("map", "ndcg_cut_10", "ndcg_cut_20", "recall_100", "recip_rank")
-_METRIC = re.compile(r"(map|recip_rank|ndcg)|(ndcg_cut|recall|P|map_cut)_([1-9][0-9]*)")
 
 Run = pa.Table | Mapping[str, Mapping[str, float]]
 Qrels = pa.Table | Mapping[str, Mapping[str, int]] | Iterable[Mapping]
 
 
-def parse_metric(name: str) -> tuple[str, int | None]:
-    """`"ndcg_cut_10"` -> `("ndcg_cut", 10)`, `"map"` -> `("map", None)`."""
-    m = _METRIC.fullmatch(name)
-    if not m:
-        raise ValueError(f"unknown metric {name!r}: use map, recip_rank, ndcg, ndcg_cut_K, "
-                         "recall_K, P_K or map_cut_K (pytrec_eval's names)")
-    return (m.group(1), None) if m.group(1) else (m.group(2), int(m.group(3)))
+class Measure(NamedTuple):
+    """A parsed metric name: `family` is trec_eval's (`ndcg_cut`, `recall`, ...) or one of
+    `Judged` / `RR_cut` (computed here); `k` the cutoff; `trec` the key pytrec_eval reports
+    (None for Judged), `canonical` the one name of the measure (`canonical`)."""
+
+    name: str
+    family: str
+    k: int | None
+    trec: str | None
+    canonical: str
+
+
+# trec_eval families without and with a cutoff
+_TREC_PLAIN = {"map", "ndcg", "recip_rank", "Rprec", "bpref", "num_ret", "num_rel",
+               "num_rel_ret"}
+_TREC_CUT = {"map_cut", "ndcg_cut", "recall", "P", "success"}
+# ir-measures names (aliases included) -> trec_eval family, without and with @K
+_IRM_PLAIN = {"AP": "map", "MAP": "map", "nDCG": "ndcg", "NDCG": "ndcg", "RR": "recip_rank",
+              "MRR": "recip_rank", "Rprec": "Rprec", "RPrec": "Rprec", "Bpref": "bpref",
+              "BPref": "bpref", "NumRet": "num_ret", "NumRel": "num_rel",
+              "NumRelRet": "num_rel_ret"}
+_IRM_CUT = {"AP": "map_cut", "MAP": "map_cut", "nDCG": "ndcg_cut", "NDCG": "ndcg_cut",
+            "R": "recall", "Recall": "recall", "P": "P", "Precision": "P",
+            "Success": "success", "RR": "RR_cut", "MRR": "RR_cut", "Judged": "Judged"}
+_TREC_RE = re.compile(r"(?P<fam>[A-Za-z_]+?)[_.](?P<k>[1-9][0-9]*)")
+_IRM_RE = re.compile(r"(?P<fam>[A-Za-z]+)@(?P<k>[1-9][0-9]*)")
+
+
+def _suggest(name: str) -> list[str]:
+    """Valid names closest to `name` (the cutoff it gives, else 10)."""
+    k = (re.findall(r"[0-9]+", name) or ["10"])[-1].lstrip("0") or "10"
+    valid = sorted({*_TREC_PLAIN, *(f"{f}_{k}" for f in _TREC_CUT), *_IRM_PLAIN,
+                    *(f"{f}@{k}" for f in _IRM_CUT)})
+    by_lower = {v.lower(): v for v in valid}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=4, cutoff=0.5)
+    return [by_lower[c] for c in close]
+
+
+def parse_metric(name: str) -> Measure:
+    """`"ndcg_cut_10"`, `"ndcg_cut.10"`, `"nDCG@10"` -> the same measure; ValueError naming
+    the closest valid names for anything else."""
+    family, k = None, None
+    if name in _TREC_PLAIN:
+        family = name
+    elif name in _IRM_PLAIN:
+        family = _IRM_PLAIN[name]
+    elif m := _TREC_RE.fullmatch(name):
+        if m["fam"] in _TREC_CUT:
+            family, k = m["fam"], int(m["k"])
+    elif m := _IRM_RE.fullmatch(name):
+        if m["fam"] in _IRM_CUT:
+            family, k = _IRM_CUT[m["fam"]], int(m["k"])
+    if family is None:
+        close = _suggest(name)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        raise ValueError(
+            f"unknown metric {name!r}{hint} (trec_eval names: map, ndcg_cut_K, recall_K, P_K, "
+            "recip_rank, success_K, map_cut_K, ndcg, Rprec, bpref; ir-measures names: AP, "
+            "nDCG@K, R@K, P@K, RR, RR@K, Success@K, Judged@K)")
+    if family == "Judged":
+        return Measure(name, family, k, None, f"Judged@{k}")
+    if family == "RR_cut":
+        return Measure(name, family, k, "recip_rank", f"RR@{k}")
+    trec = family if k is None else f"{family}_{k}"
+    return Measure(name, family, k, trec, trec)
+
+
+def canonical(name: str) -> str:
+    """One name per measure: trec_eval's where it has one (`nDCG@20` -> `ndcg_cut_20`,
+    `AP` -> `map`, `RR` -> `recip_rank`), else ir-measures' (`Judged@10`, `RR@10`)."""
+    return parse_metric(name).canonical
+
+
+def check_metrics(names: Iterable[str]) -> list[str]:
+    """The names, each checked (ValueError as `parse_metric`); two names for one measure
+    (`ndcg_cut_20` and `nDCG@20`) are an error too."""
+    names = list(names)
+    seen: dict[str, str] = {}
+    for n in names:
+        c = parse_metric(n).canonical
+        if c in seen:
+            raise ValueError(f"metrics {seen[c]!r} and {n!r} are the same measure: keep one")
+        seen[c] = n
+    return names
 
 
 def qrels_dict(qrels: Qrels) -> dict[str, dict[str, int]]:
@@ -82,27 +168,26 @@ def qrels_dict(qrels: Qrels) -> dict[str, dict[str, int]]:
     return out
 
 
-def _run_lists(run: Run) -> dict[str, tuple[list[str], list[float]]]:
-    """`{qid: (doc_ids, scores)}`; a doc listed twice for one query raises ValueError."""
+def run_dict(run: Run) -> dict[str, dict[str, float]]:
+    """`{qid: {docid: score}}` (pytrec_eval's run form) from a hits table or a dict; a doc
+    listed twice for one query in a table raises ValueError."""
     if isinstance(run, Mapping):
-        return {str(q): ([str(d) for d in docs], [float(s) for s in docs.values()])
-                for q, docs in run.items()}
-    out: dict[str, tuple[list[str], list[float]]] = {}
-    seen: set[tuple[str, str]] = set()
+        return {str(q): {str(d): float(s) for d, s in docs.items()} for q, docs in run.items()}
+    out: dict[str, dict[str, float]] = {}
     for q, d, s in zip(pc.cast(run["query_id"], pa.string()).to_pylist(),
                        pc.cast(run["doc_id"], pa.string()).to_pylist(),
                        pc.cast(run["score"], pa.float64()).to_pylist()):
-        if (q, d) in seen:
+        docs = out.setdefault(q, {})
+        if d in docs:
             raise ValueError(f"the run lists doc {d!r} more than once for query {q!r}")
-        seen.add((q, d))
-        docs, scores = out.setdefault(q, ([], []))
-        docs.append(d)
-        scores.append(s)
+        docs[d] = s
     return out
 
 
 def trec_eval_order(doc_ids: list[str], scores: list[float]) -> list[int]:
-    """Indices of the hits in the order trec_eval evaluates them (see the module docstring)."""
+    """Indices of the hits in the order trec_eval evaluates them: score rounded to a C
+    `float` (trec_eval keeps `float sim`), descending, ties by doc_id in *descending* byte
+    order (`comp_sim_docno` in trec_eval's form_res_rels.c). What `export` writes ranks in."""
     s32 = np.asarray(scores, dtype=np.float64).astype(np.float32)
     if np.isnan(s32).any():
         raise ValueError("hits with a NaN score cannot be ordered")
@@ -111,56 +196,54 @@ def trec_eval_order(doc_ids: list[str], scores: list[float]) -> list[int]:
     return idx
 
 
-def _measures(rels: np.ndarray, judged: Mapping[str, int],
-              specs: list[tuple[str, str, int | None]]) -> dict[str, float]:
-    """The measures of one query; `rels` are the relevance grades in evaluation order."""
-    n = len(rels)
-    is_rel = rels >= 1
-    n_rel = sum(1 for r in judged.values() if r >= 1)
-    gains = np.where(is_rel, rels, 0).astype(np.float64)
-    ideal = np.sort(np.array([r for r in judged.values() if r >= 1], dtype=np.float64))[::-1]
-    hits_at = np.cumsum(is_rel)  # relevant docs in the top i+1
-    ranks = np.arange(1, n + 1, dtype=np.float64)
-    prec_at_rel = np.where(is_rel, hits_at / ranks, 0.0)
-    out = {}
-    for name, family, k in specs:
-        cut = n if k is None else min(k, n)
-        found = int(hits_at[cut - 1]) if cut else 0
-        if family == "P":
-            v = found / k
-        elif family == "recall":
-            v = found / n_rel if n_rel else 0.0
-        elif family in ("map", "map_cut"):
-            v = float(prec_at_rel[:cut].sum()) / n_rel if n_rel else 0.0
-        elif family == "recip_rank":
-            first = np.flatnonzero(is_rel)
-            v = 1.0 / (first[0] + 1) if len(first) else 0.0
-        else:  # ndcg, ndcg_cut
-            icut = len(ideal) if k is None else min(k, len(ideal))
-            idcg = float((ideal[:icut] / np.log2(np.arange(2, icut + 2))).sum())
-            dcg = float((gains[:cut] / np.log2(np.arange(2, cut + 2))).sum())
-            v = dcg / idcg if idcg > 0 else 0.0
-        out[name] = float(v)
-    return out
+def _judged_at(hits: Mapping[str, float], judged: Mapping[str, int], k: int) -> float:
+    """ir-measures' `Judged@k` (its judged provider): the share of the top k, ordered by
+    score descending then doc_id ascending, that the qrels judge (any grade); divided by the
+    number of hits when fewer than k were retrieved; 0 for no hits (ir-measures divides by
+    zero there)."""
+    top = sorted(hits.items(), key=lambda x: (-x[1], x[0]))[:k]
+    return sum(d in judged for d, _ in top) / len(top) if top else 0.0
 
 
-def evaluate(run: Run, qrels: Qrels, metrics: Iterable[str] = DEFAULT_METRICS
-             ) -> dict[str, dict[str, float]]:
-    """Per-query measures, `{qid: {metric: value}}`, as pytrec_eval's `evaluate` gives them.
+def evaluate(run: Run, qrels: Qrels, metrics: Iterable[str] = DEFAULT_METRICS, *,
+             complete: bool = False) -> dict[str, dict[str, float]]:
+    """Per-query measures, `{qid: {metric: value}}`, keyed by the names given.
 
     `run` is a hits table (only `query_id`, `doc_id`, `score` are read) or
     `{qid: {docid: score}}`; `qrels` a qrels table, rows or `{qid: {docid: relevance}}`.
+    The queries are those of the run that the qrels have (pytrec_eval's); with `complete`
+    every query of the qrels, one the run lacks scoring 0 (trec_eval `-c`).
     """
-    specs = [(m, *parse_metric(m)) for m in metrics]
+    import pytrec_eval
+
+    specs = [parse_metric(m) for m in metrics]
     judged_all = qrels_dict(qrels)
+    hits = run_dict(run)
+    queries = [q for q in hits if q in judged_all]
+    if complete:
+        queries += [q for q in judged_all if q not in hits]
+    trec = {s.trec for s in specs if s.trec}
+    ref: dict[str, dict[str, float]] = {}
+    if trec and queries:
+        # a qrels entry without judgments (possible in the dict form) is unknown to
+        # trec_eval: such a query is scored 0 below, as one without relevant docs
+        ev = pytrec_eval.RelevanceEvaluator(
+            {q: judged_all[q] for q in queries if judged_all[q]}, trec)
+        ref = ev.evaluate({q: hits.get(q, {}) for q in queries if judged_all[q]})
     out: dict[str, dict[str, float]] = {}
-    for qid, (docs, scores) in _run_lists(run).items():
-        judged = judged_all.get(qid)
-        if judged is None:
-            continue
-        order = trec_eval_order(docs, scores)
-        rels = np.array([judged.get(docs[i], 0) for i in order], dtype=np.int64)
-        out[qid] = _measures(rels, judged, specs)
+    for q in queries:
+        values = ref.get(q, {})
+        row = {}
+        for s in specs:
+            if s.family == "Judged":
+                v = _judged_at(hits.get(q, {}), judged_all[q], s.k)
+            elif s.family == "RR_cut":
+                rr = values.get("recip_rank", 0.0)
+                v = rr if rr > 0 and round(1 / rr) <= s.k else 0.0
+            else:
+                v = values.get(s.trec, 0.0)
+            row[s.name] = float(v)
+        out[q] = row
     return out
 
 
