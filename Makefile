@@ -67,7 +67,10 @@ demo: setup
 
 test: setup
 	$(BIN)/xling models tiny
-	$(BIN)/python -m pytest -q -ra tests
+	# Two workers, whole files each (module fixtures stay whole): most of a test's time is
+	# Ray, JVM and vLLM start-up and subprocesses, which overlap on 2 cores. Raylets get more
+	# time to start than Ray's default when both workers start one at once.
+	RAY_raylet_start_wait_time_s=120 $(BIN)/python -m pytest -q -ra -n 2 --dist loadfile tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not slow" tests
