@@ -67,10 +67,12 @@ demo: setup
 
 test: setup
 	$(BIN)/xling models tiny
-	# Two workers, whole files each (module fixtures stay whole): most of a test's time is
-	# Ray, JVM and vLLM start-up and subprocesses, which overlap on 2 cores. Raylets get more
-	# time to start than Ray's default when both workers start one at once.
-	RAY_raylet_start_wait_time_s=120 $(BIN)/python -m pytest -q -ra -n 2 --dist loadfile tests
+	# Three workers, whole files each (module fixtures stay whole): most of a test's time is
+	# waiting on Ray, JVM and vLLM start-up, subprocesses and fault-injection delays (a
+	# sequential run keeps the 2 cores about a quarter busy), so files overlap well. Raylets
+	# get more time to start than Ray's default when workers start one at once.
+	RAY_raylet_start_wait_time_s=120 $(BIN)/python -m pytest -q -ra -n 3 --dist loadfile \
+	  --durations=25 tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not slow" tests

@@ -12,6 +12,20 @@ from xling.dev.devstore import SHADOWING_AWS_VARS, S3Server, start_seaweedfs
 
 S3_TEST_BUCKET = "xling-test"
 
+# The modules that take minutes (Ray, vLLM, the JVM, subprocess runs), longest first. With
+# pytest-xdist (`make test`: whole files per worker) they start first, so the run does not end
+# with one worker alone on a long file while the others idle. Other modules keep their order.
+SLOW_FIRST = ("test_mirage_study", "test_llm_stages", "test_retrieve", "test_studies",
+              "test_cross_study", "test_translate", "test_resume", "test_localcluster",
+              "test_bm25", "test_cluster_faults", "test_cluster_job", "test_feature_actors",
+              "test_devstore", "test_tiny_models", "test_study_config", "test_llmclir_texts",
+              "test_rerank", "test_runner", "test_sweep", "test_mirage_tasks")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda it: rank.get(it.module.__name__.rsplit(".", 1)[-1], len(rank)))
+
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> S3Server:

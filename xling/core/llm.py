@@ -160,7 +160,8 @@ def check_model(spec: LLMSpec, key: str, log=print) -> None:
         return
     except httpx.HTTPError as e:
         # Not fatal: the calls retry, and what still fails becomes error rows with the cause.
-        log(f"[{key}] WARNING: {spec.base_url} is not reachable now ({type(e).__name__}: {e}); "
+        log(f"[{key}] WARNING: '{spec.label}' at {spec.base_url} is not reachable now "
+            f"({type(e).__name__}: {e}); "
             "calls will be retried and failures recorded as error rows")
         return
     if models and spec.model not in models:
