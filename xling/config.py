@@ -189,4 +189,11 @@ def _expected_beside(data: dict, path: str | Path) -> None:
 
 def validate_config(data: dict, source: str = "<config>",
                     overrides: dict[str, str] | None = None) -> XlingConfig:
+    from xling.core.datasets import resolve_named
+    from xling.core.store import StoreError
+
+    try:
+        resolve_named(data)  # irds:, pyserini: and hf: names -> files in the run store
+    except (ConfigError, StoreError) as e:
+        raise ConfigError(f"{source}: {e}") from None
     return validate(XlingConfig, data, source, overrides)

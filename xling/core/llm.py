@@ -188,7 +188,7 @@ def _check_hub_model(name: str, key: str) -> None:
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise ConfigError(f"{key}.model: '{name}' is not in the local Hugging Face cache and the "
                           f"hub cannot be reached ({type(e).__name__}); download it first "
-                          "(huggingface-cli download) or give a local path") from None
+                          "(hf download) or give a local path") from None
 
 
 def actor_env(spec: LLMSpec) -> dict:

@@ -17,7 +17,7 @@ import re
 from typing import Literal
 
 import pyarrow as pa
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import ConfigError, Strict, check_lang
 from xling.core.runner import RID, Source
@@ -58,13 +58,37 @@ class CorpusSpec(_Source):
 
 
 class TopicSpec(_Source):
-    """Topics (queries): TREC `qid<TAB>text` TSV, or CLEF `<top>` SGML (tasks/topics.py)."""
+    """Topics (queries): TREC `qid<TAB>text` TSV, CLEF `<top>` SGML or NeuCLIR's topic JSONL
+    (tasks/topics.py); or a name, `irds:<ir_datasets id>` or `pyserini:<topics name>`, that
+    is fetched into the run store as TSV when the config is validated (core/datasets.py)."""
 
-    format: Literal["tsv", "clef"] = "tsv"
-    path: str = Field(description="file or glob (local or s3://); `{lang}` is replaced")
-    fields: list[Literal["title", "desc", "narr"]] = Field(
-        ["title", "desc"], min_length=1, description="clef only: the fields that make the query")
+    format: Literal["tsv", "clef", "neuclir"] = "tsv"
+    path: str = Field(description="file or glob (local or s3://), irds:<id> or pyserini:<name>; "
+                                  "`{lang}` is replaced")
+    fields: list[str] = Field(
+        ["title", "desc"], min_length=1,
+        description="the fields that make the query. clef: title, desc, narr (default title + "
+                    "desc); neuclir and irds: ir_datasets' names, e.g. title (English), "
+                    "ht_title, mt_title, description (default: title for en, else ht_title); "
+                    "pyserini: the topic's keys (default title)")
     encoding: ENCODING = "auto"
+
+    @model_validator(mode="after")
+    def _fields(self) -> "TopicSpec":
+        from xling.tasks.topics import NEUCLIR_FIELDS, QUERY_FIELDS
+
+        given = "fields" in self.model_fields_set
+        known = {"clef": QUERY_FIELDS, "neuclir": NEUCLIR_FIELDS}.get(self.format)
+        if known is None:
+            if given:
+                raise ValueError(f"fields apply to clef and neuclir topics (and irds:/pyserini: "
+                                 f"names), not format {self.format}: remove `fields:`")
+        elif self.format == "neuclir" and not given:
+            object.__setattr__(self, "fields", [])  # per language: title (en), else ht_title
+        elif bad := [f for f in self.fields if f not in known]:
+            raise ValueError(f"fields {bad} are not {self.format} topic fields; choose from "
+                             f"{list(known)}")
+        return self
 
 
 
@@ -156,13 +180,16 @@ def _read_document_files(batch: pa.Table, *, spec: dict, lang: str):
 
 
 def _read_topic_files(batch: pa.Table, *, spec: dict, lang: str):
-    from xling.tasks.topics import iter_clef_topics, iter_jsonl_topics, iter_tsv_topics
+    from xling.tasks.topics import (iter_clef_topics, iter_jsonl_topics, iter_neuclir_topics,
+                                    iter_tsv_topics)
 
     for path in batch["path"].to_pylist():
         with _open(path) as f:
             if spec["format"] == "clef":
                 rows = iter_clef_topics(f, lang=lang, fields=tuple(spec["fields"]),
                                         encoding=spec["encoding"])
+            elif spec["format"] == "neuclir":
+                rows = iter_neuclir_topics(f, lang=lang, fields=tuple(spec["fields"]))
             elif spec["format"] == "jsonl":
                 rows = iter_jsonl_topics(f, lang=lang)
             else:

@@ -50,12 +50,13 @@ MODES = ("og", "qt", "dt", "qlang", "rel_langs", "qlang_en", "en", "swap")
 class TopicSet(TopicSpec):
     """Queries to search, with the document languages they are searched against."""
 
-    format: Literal["tsv", "clef", "jsonl"] = "tsv"
+    format: Literal["tsv", "clef", "jsonl", "neuclir"] = "tsv"
     doc_langs: list[str] = Field(
         min_length=1, description="document languages searched; `{doc_lang}` in `path` and "
                                   "`qrels` is replaced by each (CIRAL: one topic file each)")
-    qrels: str | None = Field(None, description="TREC qrels file for `evaluate`; `{doc_lang}` "
-                                                 "and `{lang}` are replaced")
+    qrels: str | None = Field(None, description="TREC qrels file, irds:<id> or pyserini:<name>, "
+                                                 "for `evaluate`; `{doc_lang}` and `{lang}` are "
+                                                 "replaced")
     translations: str | None = Field(
         None, description="name of the translate.topics entry holding this set's QT "
                           "(default: this name); `{doc_lang}` is replaced")

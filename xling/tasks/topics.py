@@ -12,6 +12,10 @@ Formats:
 - CLEF 2003 topics: SGML `<top>` blocks with `<num>` and per-language `<XX-title>`,
   `<XX-desc>`, `<XX-narr>` (also plain `<title>`…, and TREC-style topics whose tags are not
   closed); the query text is title + description, the setting the LLM-CLIR paper uses;
+- NeuCLIR topic JSONL (TREC NeuCLIR 2022-2024, also HC4): one topic a line, `topic_id` and
+  `topics`, a list of `{lang, source, topic_title, topic_description, topic_narrative}`
+  with the English original and, per language, its human and machine translations; fields
+  are named as ir_datasets names them (`title`, `ht_title`, `mt_description`, ...);
 - TREC qrels: `qid Q0 docid rel` (whitespace separated; MIRACL/CIRAL use tabs).
 
 A line or topic that cannot be read becomes a row with an `error` (queries) or raises
@@ -31,6 +35,11 @@ from typing import IO, Any
 from xling.tasks.textio import CHUNK, iter_lines
 
 QUERY_FIELDS = ("title", "desc", "narr")
+NEUCLIR_FIELDS = tuple(f"{v}{f}" for v in ("", "ht_", "mt_")
+                       for f in ("title", "description", "narrative"))
+# NeuCLIR writes languages as ISO 639-3.
+_ISO3 = {"en": "eng", "fa": "fas", "ru": "rus", "zh": "zho", "ar": "ara", "de": "deu",
+         "fr": "fra", "es": "spa", "ja": "jpn", "ko": "kor"}
 
 
 def _decode(raw: bytes | str, where: str) -> tuple[str | None, str | None]:
@@ -102,6 +111,69 @@ def iter_jsonl_topics(stream: IO, *, lang: str) -> Iterator[dict[str, Any]]:
         if row["query_id"] is None:
             row["query_id"] = _bad_id(raw)
         yield row
+
+def iter_neuclir_topics(stream: IO, *, lang: str, fields: tuple[str, ...] = ()
+                        ) -> Iterator[dict[str, Any]]:
+    """NeuCLIR topic JSONL -> queries rows in `lang`.
+
+    `title`/`description`/`narrative` are the English original (so `lang` must be en);
+    `ht_*`/`mt_*` are the human/machine translation into `lang`. No fields: `title` for en,
+    `ht_title` otherwise. `title`/`desc`/`narr` keep the chosen version's three fields.
+    """
+    fields = tuple(fields) or (("title",) if lang == "en" else ("ht_title",))
+    versions = {f.split("_")[0] if "_" in f else "org" for f in fields}
+    if "org" in versions and lang != "en":
+        raise ValueError(f"NeuCLIR fields {[f for f in fields if '_' not in f]} are the English "
+                         f"original: use langs [en], or ht_/mt_ fields for {lang}")
+    if versions - {"org"} and lang == "en":
+        raise ValueError("NeuCLIR ht_/mt_ fields are translations out of English: use langs "
+                         "[fa], [ru], [zh] with them, or title/description for en")
+    want = _ISO3.get(lang, lang)
+    for n, raw in enumerate(iter_lines(stream), 1):
+        line, error = _decode(raw, f"line {n}")
+        if line is not None and not line.strip():
+            continue
+        row = {"query_id": None, "lang": lang, "text": None, "error": error,
+               **dict.fromkeys(QUERY_FIELDS)}
+        try:
+            obj = json.loads(line) if line is not None else None
+            qid = str(obj["topic_id"]) if obj is not None else None
+            found = {}
+            for t in obj["topics"] if obj is not None else ():
+                src = str(t.get("source", "")).lower()
+                key = ("org" if t.get("lang") == "eng" else
+                       "ht" if "human" in src else "mt") if t.get("lang") in ("eng", want) else None
+                if key:
+                    found.setdefault(key, t)
+        except (ValueError, KeyError, TypeError) as e:
+            row.update(query_id=_bad_id(raw), error=f"line {n} is not a NeuCLIR topic: {e!r}")
+            yield row
+            continue
+        if qid is None:
+            row["query_id"] = _bad_id(raw)
+            yield row
+            continue
+        row["query_id"] = qid
+        version = sorted(versions)[0]
+        topic = found.get(version)
+        if topic is None:
+            row["error"] = f"topic {qid} has no {version} version in {want}"
+            yield row
+            continue
+        row.update(title=topic.get("topic_title"), desc=topic.get("topic_description"),
+                   narr=topic.get("topic_narrative"))
+        parts = []
+        for f in fields:
+            v, _, name = f.rpartition("_")
+            value = (found.get(v or "org") or {}).get(f"topic_{name}")
+            if value:
+                parts.append(" ".join(str(value).split()))
+        if parts:
+            row["text"] = " ".join(parts)
+        else:
+            row["error"] = f"topic {qid} has none of the fields {list(fields)}"
+        yield row
+
 
 # CLEF: `<num> C141 </num>`, `<DE-title> … </DE-title>`; also `<title>`, and the unclosed
 # TREC style (`<num> Number: 401`, `<desc> Description:`).
