@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from xling.tasks.topics import iter_neuclir_topics, iter_qrels, iter_tsv_topics
 
@@ -188,8 +189,11 @@ def test_irds_and_pyserini_names_become_run_store_files(tmp_path, caches):
             iter_qrels(io.BytesIO((DATA / shipped).read_bytes())))
 
     # The validated config points at the store's files, so every stage reads plain TSV.
-    assert f"{data}/topics/irds/neuclir/1/{{lang}}/trec-2022/ht_title.tsv" in p.stdout
-    assert f"{data}/qrels/pyserini/ciral-v1.0-{{doc_lang}}-test-a/qrels.txt" in p.stdout
+    resolved = yaml.safe_load(p.stdout.split("\n[")[0])  # the config, before the cell lines
+    nc_spec, _, ciral_spec = resolved["retrieve"]["topics"]
+    assert nc_spec["path"] == f"{data}/topics/irds/neuclir/1/{{lang}}/trec-2022/ht_title.tsv"
+    assert ciral_spec["qrels"] == f"{data}/qrels/pyserini/ciral-v1.0-{{doc_lang}}-test-a/qrels.txt"
+    assert nc_spec["format"] == "tsv"
 
 
 def test_named_data_errors_name_the_fix(tmp_path, caches):
@@ -243,14 +247,17 @@ def test_hub_dataset_is_fetched_once_into_the_run_store(tmp_path, caches):
     assert marker["revision"] == SHA and marker["files"] == ["xrag.test.jsonl"]
     assert (stored / "xrag.test.jsonl").read_bytes() == (DATA / "xrag/xrag.test.jsonl").read_bytes()
     assert not (stored / "README.md").exists()  # only the named file was fetched
-    assert f'"data": "{stored}/xrag.test.jsonl"' in p.stdout
-    assert f'"path": "{stored}/xrag.test.jsonl"' in p.stdout  # the corpus, for the workers
+    resolved = yaml.safe_load(p.stdout.split("\n[")[0])
+    assert resolved["study"]["options"]["data"] == f"{stored}/xrag.test.jsonl"
+    # the corpus, for the workers
+    assert resolved["translate"]["documents"][0]["path"] == f"{stored}/xrag.test.jsonl"
 
     # Fetched once: without the hub cache, the run store's copy serves the next run.
     shutil.rmtree(hub)
     p = _run_validate(tmp_path, config, env)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert f'"data": "{stored}/xrag.test.jsonl"' in p.stdout
+    assert yaml.safe_load(p.stdout.split("\n[")[0])["study"]["options"]["data"] == \
+        f"{stored}/xrag.test.jsonl"
 
     # A dataset that is neither in the store nor in the cache: one line with the fix.
     p = _run_validate(tmp_path, config.replace("AmazonScience/XRAG", "nobody/none"), env)

@@ -135,6 +135,21 @@ def test_xling_status_shows_done_partial_failed(ray_local, tmp_path):
     # And the partial cell resumes: only the two missing shards run.
     [rep] = Runner(store, progress=False).run(half, None)
     assert rep.state == "done" and rep.shards_run == 2 and rep.rows == 60
+    # A mistyped run root is an error that creates nothing.
+    missing = tmp_path / "rnu"
+    res = subprocess.run([sys.executable, "-m", "xling.cli", "status", str(missing)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "no run root at" in res.stderr and not missing.exists()
+
+
+def test_limit_cuts_every_input_for_a_smoke_run(ray_local, tmp_path):
+    store = RunStore(str(tmp_path / "run"))
+    stage = EchoStage(ROWS, tag="smoke")
+    [rep] = Runner(store, progress=False, limit=7).run(stage, None)
+    out = read_cell(store, stage.cells(None)[0].dir)
+    assert rep.state == "done" and rep.rows == 7 and out.num_rows == 7
+    assert len(set(out["id"].to_pylist())) == 7 and set(out["id"].to_pylist()) <= {
+        r["id"] for r in ROWS}
 
 
 class TwoGroupStage(EchoStage):

@@ -11,7 +11,8 @@
                                                   cached in the run store
 
 Every stage takes --dry-run (print cells, shards and inputs; run nothing), --force (redo
-finished cells) and --address (a Ray cluster; RAY_ADDRESS works too, which is what
+finished cells), --limit N (a smoke run on the first N records of every cell's input, in
+RUN_ROOT/_smoke/limit-N) and --address (a Ray cluster; RAY_ADDRESS works too, which is what
 `ray job submit -- xling ...` sets).
 """
 
@@ -22,6 +23,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from xling.config import XlingConfig, load_config
 from xling.core.config import ConfigError
@@ -35,7 +37,7 @@ EXAMPLES = """examples:
   xling translate --config configs/demo.yaml translate.beam_size=2 --dry-run
   xling generate --config configs/demo.yaml generate.sampling.temperature=0.7
   xling run --config configs/xrag.yaml 'study.options.langs=[de]' generate.models.0.model=Qwen/Qwen2.5-7B-Instruct
-  xling models convert --config configs/clef.yaml translate.model=facebook/nllb-200-distilled-1.3B
+  xling models convert --config configs/translate-clef2003.yaml translate.model=facebook/nllb-200-distilled-1.3B
   xling status runs/demo
 """
 
@@ -80,6 +82,9 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the cells, shards and inputs that would run, and what is done")
     p.add_argument("--force", action="store_true", help="redo cells that are already done")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="smoke run: every cell reads only the first N records of its input, "
+                        "under RUN_ROOT/_smoke/limit-N, apart from the full results")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
@@ -89,10 +94,20 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
                         "lines, progress, results; the rest in {run_root}/_logs/)")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("xling")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="xling", description="Cross-lingual retrieval and RAG studies as resumable Ray jobs.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"xling {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("run", help="run all stages listed in the config's `stages:`",
@@ -511,7 +526,7 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
     registry = stage_registry()
     console = make_console(cfgs[0], args)
     runner = Runner(store, force=args.force, progress=console.progress, log=console.say,
-                    detail=console.detail)
+                    detail=console.detail, limit=getattr(args, "limit", None))
     if args.dry_run:
         # Planning reads the cells' manifests from the store: reach an S3 one first, so that
         # a missing credential or endpoint is one line naming the fix, not a botocore trace.
@@ -693,8 +708,14 @@ def main(argv: list[str] | None = None) -> int:
             from xling.jobs.report import status_table
 
             store = RunStore(args.run_root)
+            if not store.is_s3 and not Path(store.key()).is_dir():
+                raise StoreError(f"no run root at {store.url()}: check the path (a run creates "
+                                 "it; `xling status` only reads)")
             store.check(write=False)
             rows = run_status(store)
+            if not rows and store.is_s3 and not store.list(""):
+                raise StoreError(f"nothing under {store.url()}: check the prefix (a run "
+                                 "creates it; `xling status` only reads)")
             print(json.dumps(rows, indent=2) if args.json else status_table(rows))
             return 0
         if args.command == "results":
@@ -713,8 +734,6 @@ def main(argv: list[str] | None = None) -> int:
                                                 else f"CTranslate2 model at {store.url(rel)}"))
             return 0
         if args.command == "models":
-            from pathlib import Path
-
             from xling.dev.tiny_models import build_tiny_models
 
             paths = build_tiny_models(Path(args.dir) if args.dir else None, force=args.force)
@@ -722,15 +741,27 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{k:12s} {v}")
             return 0
         cfg = load_config(args.config, args.overrides)
+        if getattr(args, "limit", None) is not None:
+            if args.limit < 1:
+                raise ConfigError("--limit N: N is a number of records, 1 or more")
+            # Cells keep their ids; a separate root keeps the cut rows out of the real results.
+            cfg.run_root = f"{cfg.run_root.rstrip('/')}/_smoke/limit-{args.limit}"
+            print(f"xling: smoke run, the first {args.limit} records of every input, in "
+                  f"{cfg.run_root}", file=sys.stderr)
         if args.command == "validate":
             from xling.core.runner import Runner
 
-            print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+            import yaml
+
+            # Plan first: a planning error (a missing file, say) is printed alone, not after
+            # hundreds of lines of resolved config.
             runner = Runner(RunStore(cfg.run_root))
-            for name in cfg.stages:
-                if name != "report":
-                    for c in runner.plan(stage_registry()[name](), cfg):
-                        print(f"[{name}] cell {c['cell']} -> {c['dir']}")
+            planned = [(name, c) for name in cfg.stages if name != "report"
+                       for c in runner.plan(stage_registry()[name](), cfg)]
+            print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False,
+                                 allow_unicode=True, width=100), end="")
+            for name, c in planned:
+                print(f"[{name}] cell {c['cell']} -> {c['dir']}")
             return 0
         if args.command == "sweep":
             return run_sweep(cfg, args)

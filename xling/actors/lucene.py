@@ -94,8 +94,6 @@ def start_jvm(heap: str | None = None) -> None:
         starting = True
     else:
         starting = False
-    # pyserini.search imports its OpenAI-backed encoders, which want a key at import time.
-    os.environ.setdefault("OPENAI_API_KEY", "unused-by-xling")
     import jnius  # noqa: F401  (starts the VM)
 
     if starting:
@@ -368,6 +366,10 @@ def _main(argv: list[str]) -> None:
         sys.exit("usage: python -m xling.actors.lucene MODULE [ARGS...]  "
                  "(e.g. pyserini.index.lucene --collection JsonCollection ...)")
     start_jvm()
+    # pyserini.search.lucene imports its OpenAI-backed encoders, which want a key at import
+    # time. Only this pass-through to pyserini's own CLIs sets a placeholder: in a worker it
+    # would hide a missing key from a later OpenAI engine in the same process.
+    os.environ.setdefault("OPENAI_API_KEY", "unused-by-pyserini-cli")
     sys.argv = [argv[0], *argv[1:]]
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 

@@ -267,9 +267,10 @@ class Runner:
     run's log file, and to the console only with -v (see core/logs.py)."""
 
     def __init__(self, store: RunStore, *, force: bool = False, progress: bool = True,
-                 log=print, detail=None):
+                 log=print, detail=None, limit: int | None = None):
         self.store = store
         self.force = force
+        self.limit = limit  # smoke runs: each partition keeps its first `limit` records
         self.progress = progress
         self.log = log
         self.detail = detail or log
@@ -510,9 +511,11 @@ class Runner:
         wheres = list(fresh)
         for where in wheres:
             self.store.delete_tree(where)
-        parts = [fresh[w][0].read().map_batches(functools.partial(_tag_cell, index=i),
-                                                batch_format="pyarrow")
-                 for i, w in enumerate(wheres)]
+        reads = [fresh[w][0].read() for w in wheres]
+        if self.limit:
+            reads = [r.limit(self.limit) for r in reads]
+        parts = [r.map_batches(functools.partial(_tag_cell, index=i), batch_format="pyarrow")
+                 for i, r in enumerate(reads)]
         ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
         writer = functools.partial(_write_shards, store=self.store, dirs=wheres,
                                    n_shards=[fresh[w][1][0].n_shards for w in wheres])

@@ -1,0 +1,70 @@
+"""What a new user meets first: --version, validate's output, --limit, and no stray
+process-wide settings (each run as a subprocess, as a user would)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import yaml
+
+XLING = [sys.executable, "-m", "xling.cli"]
+
+
+def _xling(*args, env=None):
+    return subprocess.run([*XLING, *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def _config(tmp_path, corpus_path="data/demo/mrtydi/{lang}.jsonl.gz"):
+    p = tmp_path / "cfg.yaml"
+    p.write_text(textwrap.dedent(f"""
+        name: basics
+        run_root: {tmp_path / 'run'}
+        ingest:
+          tokenizer: tiny:nllb_hf
+          shards: 2
+          corpora:
+            - {{name: mrtydi, format: mrtydi, path: "{corpus_path}", langs: [fi, sw]}}
+        """))
+    return p
+
+
+def test_version():
+    p = _xling("--version")
+    assert p.returncode == 0 and p.stdout.startswith("xling ")
+    assert p.stdout.split()[1][0].isdigit()
+
+
+def test_validate_prints_yaml_and_an_error_alone(tmp_path):
+    p = _xling("validate", "-c", str(_config(tmp_path)))
+    assert p.returncode == 0, p.stderr
+    config, cells = p.stdout.split("\n[ingest]", 1)
+    assert yaml.safe_load(config)["ingest"]["corpora"][0]["langs"] == ["fi", "sw"]
+    assert cells.count("cell ") == 2
+    # A planning error (no file for sw) is printed alone: no config dump before it.
+    p = _xling("validate", "-c", str(_config(tmp_path, "data/demo/mrtydi/{lang}.nope")))
+    assert p.returncode == 2 and p.stdout == ""
+    assert "no files match" in p.stderr and len(p.stderr.splitlines()) <= 3
+
+
+def test_limit_runs_in_a_smoke_root(tmp_path):
+    p = _xling("ingest", "-c", str(_config(tmp_path)), "--limit", "5", "--dry-run")
+    assert p.returncode == 0, p.stderr
+    smoke = f"{tmp_path / 'run'}/_smoke/limit-5"
+    assert f"smoke run, the first 5 records of every input, in {smoke}" in p.stderr
+    outs = [l.split("out: ")[1] for l in p.stdout.splitlines() if "out: " in l]
+    assert len(outs) == 2 and all(o.startswith(f"{smoke}/ingest/") for o in outs)
+    p = _xling("ingest", "-c", str(_config(tmp_path)), "--limit", "0", "--dry-run")
+    assert p.returncode == 2 and "--limit N" in p.stderr
+
+
+def test_starting_lucene_leaves_openai_key_unset():
+    code = ("import os; from xling.actors.lucene import start_jvm; start_jvm(); "
+            "from pyserini.analysis import get_lucene_analyzer; "
+            "print(os.environ.get('OPENAI_API_KEY'))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "None"
