@@ -90,3 +90,20 @@ def test_adding_a_language_keeps_existing_cell_ids(tmp_path, monkeypatch):
     a = {c.id for c in IngestStage().cells(load_config(write(tmp_path)))}
     b = {c.id for c in IngestStage().cells(load_config(write(tmp_path), ["ingest.corpora.0.langs=[fi,sw,ar]"]))}
     assert a < b and len(b - a) == 1
+
+
+def test_a_field_hashed_only_when_set_keeps_earlier_hashes():
+    from xling.actors.llm import Sampling, cache_key
+    from xling.core.llm import SamplingSpec, sampling_of
+
+    plain = SamplingSpec(max_tokens=12)
+    assert "regex" not in hashable(plain)  # cell ids of configs without it are unchanged
+    assert hashable(SamplingSpec(max_tokens=12, regex="a+"))["regex"] == "a+"
+    assert "regex" not in Sampling(max_tokens=12).as_dict()  # and so are cache keys
+    assert cache_key("m", {}, Sampling(max_tokens=12), "p") != cache_key(
+        "m", {}, Sampling(max_tokens=12, regex="a+"), "p")
+    from xling.core.llm import LLMSpec
+
+    assert sampling_of(LLMSpec(model="x"), SamplingSpec(regex="<a>")).regex == "<a>"
+    with pytest.raises(ValueError, match="not a regular expression"):
+        SamplingSpec(regex="(")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import os
 import random
 import socket
@@ -111,6 +112,9 @@ generate:
     - name: tiny-sampled    # same engine, other sampling: other cache keys
       sampling: {{temperature: 0.8, seed: 1, max_tokens: 12}}
       {VLLM}
+    - name: tiny-regex      # same engine; structured outputs hold it to a format
+      sampling: {{temperature: 0.8, seed: 1, max_tokens: 32, regex: "<answer>[a-z]{{1,4}}</answer>"}}
+      {VLLM}
     - {{name: api, backend: openai, model: flaky, base_url: "{server.url}", api_key_env: null,
        backoff_s: 0.01, concurrency: 4}}
     - {{name: api-down, backend: openai, model: echo, base_url: "http://127.0.0.1:{down}/v1",
@@ -120,7 +124,8 @@ generate:
         assert "api-down" in out and "not reachable now" in out  # warned, not refused
         store = RunStore(run_root)
         found = cells(store, "generate")
-        assert set(found) == {"tiny", "tiny-trunc", "tiny-sampled", "api", "api-down"}
+        assert set(found) == {"tiny", "tiny-trunc", "tiny-sampled", "tiny-regex", "api",
+                              "api-down"}
         t = {m: {r["item_id"]: r for r in read_cell(store, d).to_pylist()}
              for m, d in found.items()}
         for m, rows in t.items():
@@ -138,6 +143,7 @@ generate:
             assert r["model"] == "tiny" and r["cached"] is False and len(r["prompt_hash"]) == 16
             assert t["tiny-trunc"][i]["output"] == r["output"]
             assert t["tiny-sampled"][i]["cache_key"] != r["cache_key"]
+            assert re.fullmatch(r"<answer>[a-z]{1,4}</answer>", t["tiny-regex"][i]["output"])
         assert tiny["q0"]["study"] == "demo" and tiny["chat"]["lang"] == "de"
         # Too long: refused by `tiny`, truncated by `tiny-trunc`; the choice is in the row.
         assert "prompt too long" in tiny["long"]["error"] and tiny["long"]["too_long"] == "refuse"
@@ -157,8 +163,8 @@ generate:
         # The cache holds each successful generation once, keyed per model and params.
         cache = cache_rows(store)
         keys = cache["key"].to_pylist()
-        # tiny and tiny-sampled: 6 + chat; tiny-trunc: also the long one; api: 8
-        assert len(keys) == len(set(keys)) == 7 + 8 + 7 + 8
+        # tiny, tiny-sampled and tiny-regex: 6 + chat; tiny-trunc: also the long one; api: 8
+        assert len(keys) == len(set(keys)) == 7 + 8 + 7 + 7 + 8
         # A second prompt set with the same prompts: every generation comes from the cache,
         # so the model is not even loaded; a changed max_tokens is a new key, generated anew.
         cfg2 = tmp_path / "gen2.yaml"

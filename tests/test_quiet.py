@@ -146,12 +146,21 @@ def test_report_digest_prints_the_results_once_and_compactly():
         "## Results",
         "### known-item-fi: queries fi, documents fi",
         "| system | map |", "| bm25 | 1.0000 |",
-        "**Table 3: accuracy (%)**",
-        "| Model | No Retrieval |", "| tiny-chat | 0.00 |",
         "[report] -> /tmp/r/report/summary.md"]
     short = report_digest(REPORT, "x", max_lines=2).splitlines()
-    assert short[-2] == "... 4 more line(s) of results in the report"
+    assert short[-2] == "... 1 more line(s) of results in the report"
     assert report_digest("no results here", "x") == "[report] -> x"
+    # Each study's first table, its own headings kept, oracle rows and long tails cut;
+    # a study's `## ` heading does not end the results, the report's own sections do.
+    studies = ("## Results\n\n### retrieval\n\n### ki: map\n\n| | FI |\n|---|---|\n"
+               + "".join(f"| run{i} | 0.{i} |\n| run{i}+oracle | 1.0 |\n" for i in range(12))
+               + "\n### study: mirage\n\n## MIRAGE-Bench: Table 2\n\n| lang | tau |\n"
+               "|---|---|\n| en | 1.000 |\n\n| second | table |\n\n## Cells\n\n| x | y |\n")
+    assert report_digest(studies, "x").splitlines() == [
+        "## Results", "### retrieval", "### ki: map", "| | FI |",
+        *[f"| run{i} | 0.{i} |" for i in range(8)], "| ... 4 more row(s) |",
+        "### study: mirage", "## MIRAGE-Bench: Table 2", "| lang | tau |", "| en | 1.000 |",
+        "[report] -> x"]
 
 
 def test_cli_verbose_flag_and_bad_level(tmp_path):

@@ -407,6 +407,7 @@ example:
                                     "with the real architectures, for tests and the demo.")
     t.add_argument("--dir", default=None, help="cache dir (default: $XLING_CACHE/models/tiny)")
     t.add_argument("--force", action="store_true", help="rebuild even if cached")
+    t.add_argument("--list", action="store_true", help="also print each model's path")
     c = msub.add_parser(
         "convert", help="convert translate.model to CTranslate2 and cache it in the run store",
         description="Convert the config's translate.model (a hub id or a Transformers NLLB "
@@ -471,11 +472,14 @@ def make_console(cfg: XlingConfig, args):
 
 
 def attach_logs(console, cfg: XlingConfig, run_id: str) -> None:
-    from xling.core.logs import configure_python_logging, local_log_dir
+    from xling.core.logs import configure_python_logging, local_log_dir, native_stderr_to
 
     console.log_dir = local_log_dir(cfg.run_root, cfg.name)
     console.run_id = run_id
     console.path = os.path.join(console.log_dir, f"xling-{run_id}.log")
+    if not console.verbose:  # before the handlers below bind sys.stderr
+        os.makedirs(console.log_dir, exist_ok=True)
+        native_stderr_to(os.path.join(console.log_dir, f"native-{run_id}.log"))
     configure_python_logging(console.level, console.path)
 
 
@@ -737,8 +741,9 @@ def main(argv: list[str] | None = None) -> int:
             from xling.dev.tiny_models import build_tiny_models
 
             paths = build_tiny_models(Path(args.dir) if args.dir else None, force=args.force)
-            for k, v in paths.items():
-                print(f"{k:12s} {v}")
+            if args.list:
+                for k, v in paths.items():
+                    print(f"{k:12s} {v}")
             return 0
         cfg = load_config(args.config, args.overrides)
         if getattr(args, "limit", None) is not None:

@@ -43,6 +43,7 @@ class Sampling:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = 0
+    regex: str | None = None  # structured output
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -56,6 +57,8 @@ class Sampling:
     def as_dict(self) -> dict:
         d = asdict(self)
         d["stop"] = list(self.stop)
+        if d["regex"] is None:
+            del d["regex"]  # cache keys made before the field existed stay valid
         return d
 
 
@@ -267,6 +270,10 @@ class VLLMEngine(LLMEngine):
             inputs.append({"prompt_token_ids": ids})
         if inputs:
             extra = {"allowed_token_ids": self.allowed_token_ids(allowed)} if allowed else {}
+            if sampling.regex:
+                from vllm.sampling_params import StructuredOutputsParams
+
+                extra["structured_outputs"] = StructuredOutputsParams(regex=sampling.regex)
             params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
                                     max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None,
                                     seed=sampling.seed, **extra)
@@ -332,6 +339,8 @@ class OpenAIEngine(LLMEngine):
             body["stop"] = list(sampling.stop)
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        if sampling.regex:
+            body["structured_outputs"] = {"regex": sampling.regex}
         if self.chat:
             return "/chat/completions", {**body, "messages": _messages(prompt)}
         return "/completions", {**body, "prompt": prompt}

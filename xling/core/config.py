@@ -84,7 +84,10 @@ def hashable(model: BaseModel) -> Any:
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if extra.get("hash") is False:
             continue
-        out[name] = _plain(getattr(model, name))
+        value = getattr(model, name)
+        if extra.get("hash") == "if_set" and value is None:
+            continue  # a field added later leaves the hashes of configs without it unchanged
+        out[name] = _plain(value)
     return out
 
 

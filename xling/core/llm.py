@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from xling.actors.llm import (
     Completion,
@@ -51,6 +51,22 @@ class SamplingSpec(Strict):
     max_tokens: int = Field(256, ge=1, description="output tokens per call")
     stop: list[str] = []
     seed: int | None = Field(0, description="per-request seed (reproducible sampling)")
+    regex: str | None = Field(
+        None, json_schema_extra={"hash": "if_set"},
+        description="structured output: every output matches this regular expression (vLLM's "
+                    "structured outputs; an OpenAI-compatible vLLM server gets it as "
+                    "structured_outputs.regex). E.g. '<answer>[^<]{1,40}</answer>' makes a "
+                    "small model keep XRAG's output format")
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"not a regular expression: {e}") from None
+        return v
 
 
 class LLMSpec(Strict):
@@ -109,7 +125,7 @@ CACHE_SCHEMA = pa.schema([
 def sampling_of(spec: LLMSpec, default: SamplingSpec) -> Sampling:
     s = spec.sampling or default
     return Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
-                    stop=tuple(s.stop), seed=s.seed)
+                    stop=tuple(s.stop), seed=s.seed, regex=s.regex)
 
 
 def engine_spec(spec: LLMSpec) -> dict:

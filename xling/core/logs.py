@@ -102,14 +102,16 @@ class Progress:
 
     def __init__(self, total: int, label: str, *, stream: TextIO | None = None,
                  tty: bool | None = None, enabled: bool = True, every_s: float = 30.0,
-                 step: float = 0.1, min_gap_s: float = 5.0,
+                 step: float = 0.1, min_gap_s: float = 5.0, final_line: bool = True,
                  clock: Callable[[], float] = time.monotonic):
         self.total, self.label, self.enabled = int(total), label, enabled
+        self.final_line = final_line  # off when the caller prints its own summary line
         self.stream = stream if stream is not None else sys.stderr
         self.tty = (hasattr(self.stream, "isatty") and self.stream.isatty()) if tty is None else tty
         self.every_s, self.step, self.min_gap_s, self.clock = every_s, step, min_gap_s, clock
         self.done = self.tokens = 0
         self.started = self.last_line = clock()
+        self.closed_at: float | None = None
         self.last_step = 0
         self.lines = 0  # plain lines printed (tests)
         self._lock = threading.Lock()
@@ -143,7 +145,7 @@ class Progress:
         return min(1.0, self.done / self.total) if self.total else 1.0
 
     def rate(self, tokens: bool = False) -> float:
-        elapsed = max(self.clock() - self.started, 1e-9)
+        elapsed = max((self.closed_at or self.clock()) - self.started, 1e-9)
         return (self.tokens if tokens else self.done) / elapsed
 
     def line(self, final: bool = False) -> str:
@@ -166,6 +168,7 @@ class Progress:
 
     def close(self) -> None:
         with self._lock:
+            self.closed_at = self.closed_at or self.clock()
             if not self.enabled:
                 return
             if self._bar is not None:
@@ -174,10 +177,15 @@ class Progress:
                 self._bar.close()
                 self._bar = None
                 return
-            if self.total:
+            if self.total and self.final_line:
                 print(self.line(final=True), file=self.stream, flush=True)
                 self.lines += 1
             self.enabled = False
+
+    def summary(self) -> str:
+        """`1,770.9 tok/s` (or records/s) over the whole run, for a closing line."""
+        return (f"{self.rate(tokens=True):,.1f} tok/s" if self.tokens
+                else f"{self.rate():,.1f} records/s")
 
 
 # ---------------------------------------------------------------------------------------
@@ -281,6 +289,28 @@ def quiet_libraries(level: int) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", name.lower())
 
 
+def native_stderr_to(path: str) -> bool:
+    """Quiet runs: what native code writes to file descriptor 2 (Ray's C++ core worker in
+    the driver, a local raylet and its daemons, the JVM) goes to `path`; Python's
+    `sys.stderr` (progress, warnings, errors) keeps the terminal. Only in a process whose
+    stderr is its own (not under pytest's capture); once. Returns whether it redirected."""
+    if sys.stderr is not sys.__stderr__ or getattr(native_stderr_to, "path", None):
+        return False
+    try:
+        sys.stderr.flush()
+        keep = os.dup(2)
+        terminal = open(keep, "w", buffering=1, encoding=sys.stderr.encoding or "utf-8",
+                        errors="backslashreplace", closefd=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except (OSError, ValueError, AttributeError):  # no fd 2 (some embedders): leave it
+        return False
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stderr = sys.__stderr__ = terminal
+    native_stderr_to.path = path
+    return True
+
+
 def local_log_dir(run_root: str, name: str, cache: str | None = None) -> str:
     """Where the log files are written on this machine: `{run_root}/_logs` for a local run
     root, `.xling-cache/logs/<run name>` (uploaded to `{run_root}/_logs`) for S3."""
@@ -317,25 +347,48 @@ def copy_worker_logs(dest: str, job_id: str | None = None) -> int:
 
 _CELLS_DONE = re.compile(r"^\d+ of \d+ cells done\b")
 _SEPARATOR = re.compile(r"^\|?\s*:?-{3,}")
-RESULT_LINES = 40  # the most lines of results a quiet run prints
+# The report's own sections (jobs/report.py): the Results section ends at the next one, and
+# inside it each study starts at `### retrieval` or `### study: <name>`.
+_REPORT_SECTIONS = ("## Cells", "## Where", "## Superseded cells", "## Provenance")
+_STUDY = re.compile(r"^### (retrieval|study: .+)$")
+RESULT_LINES = 24  # the most lines of results a quiet run prints (the report has the rest)
+TABLE_ROWS = 8  # rows of each study's first table
 
 
 def report_digest(text: str, path: str, max_lines: int = RESULT_LINES) -> str:
-    """What a quiet run prints of the report: its one-line summary, its `## Results`
-    section (the evaluate tables, once) without blank lines, table rules and notes, at most
-    `max_lines` of it, and where the whole report is."""
+    """What a quiet run prints of the report: its one-line summary, then for each study of
+    its `## Results` the first table (its title and at most TABLE_ROWS rows, no oracle
+    rows), at most `max_lines` lines in all, and where the whole report is."""
     lines = text.splitlines()
     out = [f"[report] {l}" for l in lines if _CELLS_DONE.match(l)][:1]
+    sections: list[list[str]] = []
+    if "## Results" in (l.strip() for l in lines):
+        start = [l.strip() for l in lines].index("## Results") + 1
+        for m in lines[start:]:
+            if m.startswith(_REPORT_SECTIONS):
+                break
+            if _STUDY.match(m) or not sections:
+                sections.append([])
+            sections[-1].append(m.rstrip())
     body: list[str] = []
-    for i, l in enumerate(lines):
-        if l.strip() == "## Results":
-            for m in lines[i + 1:]:
-                if m.startswith("## "):
-                    break
-                m = m.rstrip()
-                if m and not _SEPARATOR.match(m) and m.startswith(("|", "#", "**")):
-                    body.append(m)
-            break
+    for sec in sections:
+        head = sec[0] if _STUDY.match(sec[0]) else None
+        title, rows, started = None, [], False
+        for m in sec[1:] if head else sec:
+            if m.startswith("|"):
+                started = True
+                if not _SEPARATOR.match(m) and not m.split("|")[1].strip().endswith("+oracle"):
+                    rows.append(m)
+            elif started:
+                break
+            elif m.startswith(("#", "**")):
+                title = m
+        if not rows:
+            continue
+        shown = rows[:TABLE_ROWS + 1]  # the header and TABLE_ROWS rows
+        body += [x for x in (head, title) if x] + shown
+        if len(rows) > len(shown):
+            body.append(f"| ... {len(rows) - len(shown)} more row(s) |")
     if len(body) > max_lines:
         more = len(body) - max_lines
         body = body[:max_lines] + [f"... {more} more line(s) of results in the report"]

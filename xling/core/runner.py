@@ -188,6 +188,10 @@ class Stage(ABC):
     def after_run(self, cfg: XlingConfig, runner: "Runner") -> None:
         """Runs after every cell of the stage is done (e.g. fusions of the stage's runs)."""
 
+    def all_cells(self, cfg: XlingConfig) -> list[Cell]:
+        """Every cell the stage leaves in its folder: `cells`, plus what `after_run` makes."""
+        return self.cells(cfg)
+
     def source(self, cell: Cell, cfg: XlingConfig) -> "Source | None":
         """Where the cell's input rows come from, so cells reading the same rows share one
         partition (see `Source`). None: `read(cell)` is partitioned for this cell alone."""
@@ -336,9 +340,12 @@ class Runner:
             else:
                 todo.append(cell)
         skipped = len(cells) - len(todo)
-        self.log(f"[{stage.name}] {len(cells)} cell(s), all already done (skipped)" if not todo
-                 else f"[{stage.name}] {len(cells)} cell(s): {len(todo)} to run"
-                 + (f", {skipped} already done (skipped)" if skipped else ""))
+        # One console line per stage: this one when nothing runs, else the closing line
+        # (the progress bar shows that it started).
+        (self.detail if todo else self.log)(
+            f"[{stage.name}] {len(cells)} cell(s), all already done (skipped)" if not todo
+            else f"[{stage.name}] {len(cells)} cell(s): {len(todo)} to run"
+            + (f", {skipped} already done (skipped)" if skipped else ""))
         try:
             inputs = self._prepare(stage, todo, cfg_of, reports)
         except Exception as e:  # e.g. a source that cannot be read: those cells fail
@@ -353,8 +360,10 @@ class Runner:
             groups.setdefault(key, []).append(cell)
         from xling.core.logs import Progress
 
+        # Off a terminal, a line at most every 15 s; the closing line below has the totals.
         self._progress = Progress(sum(self._pending_rows(c, inputs[c.id]) for c in ready),
-                                  stage.name, enabled=self.progress and bool(ready))
+                                  stage.name, enabled=self.progress and bool(ready),
+                                  min_gap_s=15.0, final_line=False)
         try:
             self._run_groups(stage, list(groups.values()), cfg_of, inputs, reports)
         finally:
@@ -370,9 +379,12 @@ class Runner:
         failed = [r for r in ordered if r.state == "failed"]
         ran = [r for r in ordered if r.state == "done"]
         if ran:
+            skipped = len(ordered) - len(ran) - len(failed)
             self.log(f"[{stage.name}] committed {len(ran)} cell(s): "
                      f"{sum(r.rows for r in ran):,} rows, {sum(r.errors for r in ran):,} errors, "
-                     f"{time.time() - t0:.0f}s -> {self.store.url(stage.name)}")
+                     f"{time.time() - t0:.0f}s, {self._progress.summary()}"
+                     + (f"; {skipped} already done" if skipped else "")
+                     + f" -> {self.store.url(stage.name)}")
         if failed:
             raise StageFailed(f"{stage.name}: {len(failed)} of {len(ordered)} cell(s) failed: "
                               + "; ".join(f"{r.cell.id}: {r.message}" for r in failed))

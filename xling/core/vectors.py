@@ -45,12 +45,19 @@ def load_vectors(store: RunStore, rel_dir: str) -> dict[str, tuple[np.ndarray, i
     t = store.read_parquet(files, columns=["key", "vector", "n_tokens"])
     if not t.num_rows:
         return out
-    flat = t["vector"].combine_chunks()
-    dim = len(flat[0])
-    mat = flat.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
-    for key, vec, n in zip(t["key"].to_pylist(), mat, t["n_tokens"].to_pylist()):
+    for key, vec, n in zip(t["key"].to_pylist(), vector_matrix(t["vector"]),
+                           t["n_tokens"].to_pylist()):
         out.setdefault(key, (vec, n))
     return out
+
+
+def vector_matrix(column) -> np.ndarray:
+    """A `list<float32>` Arrow column of equal-length vectors -> a (rows, dim) float32 matrix."""
+    if not len(column):
+        return np.zeros((0, 0), np.float32)
+    flat = column.combine_chunks()
+    dim = len(flat[0])
+    return flat.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
 
 
 class StoreEmbedder:

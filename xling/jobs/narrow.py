@@ -34,7 +34,7 @@ from xling.core.models import resolve_model
 from xling.core.pools import actor_pool, pool_resources
 from xling.core.runner import RID, Cell, Stage, part_files
 from xling.core.store import RunStore
-from xling.core.vectors import StoreEmbedder, cache_dir
+from xling.core.vectors import StoreEmbedder, cache_dir, vector_matrix
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -133,27 +133,25 @@ class NarrowStage(Stage):
         t = store.read_parquet(part_files(store, cell.dir),
                                columns=[RID, "kind", "vector", "n_tokens", "cached", "error"])
         ok = t.filter(pc.is_null(t["error"]))
-        vectors: dict[str, np.ndarray] = {}
-        if ok.num_rows:
-            dim = len(ok["vector"][0])
-            mat = ok["vector"].combine_chunks().flatten().to_numpy(
-                zero_copy_only=False).reshape(-1, dim)
-            for rid, vec in zip(ok[RID].to_pylist(), mat):
-                vectors[rid[2:] if rid.startswith("s:") else rid] = vec
+        vectors = {rid[2:] if rid.startswith("s:") else rid: vec
+                   for rid, vec in zip(ok[RID].to_pylist(), vector_matrix(ok["vector"]))}
         selections = mod.select(opts, clang, vectors)
         store.write_parquet(f"{cell.dir}/{SELECTIONS}", pa.Table.from_pylist(selections))
         kinds = t["kind"].to_pylist()
         cached = t["cached"].to_pylist()
         ntok = [n for n, k in zip(t["n_tokens"].to_pylist(), kinds) if k == "sentence" and n]
-        got = mod.narrow_inputs(opts, clang)
+        # The counts come from what read() wrote and select() made; no second pass over the
+        # contexts. Every context has a row per query language, each with its sentence count.
+        per_context = {s["context_id"]: s for s in selections}
         hits = mod.hits_at(selections, opts["ks"])
         return {"narrow": {
-            "contexts": got["contexts"], "context_errors": got["context_errors"],
-            "sentences_total": got["sentences_total"],
-            "sentences_distinct": len(got["sentences"]),
+            "contexts": len(per_context),
+            "context_errors": sum(1 for s in per_context.values() if s.get("n_sentences") is None),
+            "sentences_total": sum(s.get("n_sentences") or 0 for s in per_context.values()),
+            "sentences_distinct": kinds.count("sentence"),
             "sentences_embedded": sum(1 for k, c in zip(kinds, cached)
                                       if k == "sentence" and not c),
-            "queries": len(got["queries"]),
+            "queries": kinds.count("query"),
             "queries_embedded": sum(1 for k, c in zip(kinds, cached) if k == "query" and not c),
             "failed": int(t.num_rows - ok.num_rows),
             "over_max_length": sum(1 for n in ntok if n > cfg.narrow.max_length),

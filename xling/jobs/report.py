@@ -62,7 +62,7 @@ def config_cells(cfgs: "Iterable[XlingConfig]",
     """(`stage/cell` dirs the configs ask for, stages whose cells could not be listed).
 
     Every stage of `registry` (the CLI's stage classes by name) with a section in a config
-    lists its cells (`Stage.cells`, the same call `xling run` makes before it starts); a
+    lists its cells (`Stage.all_cells`: what `xling run` plans, and the fusions); a
     stage that cannot list them here (an input that is gone, a model not built on this
     machine) is returned apart, and its cells in the run root are neither current nor
     superseded but unknown."""
@@ -73,7 +73,7 @@ def config_cells(cfgs: "Iterable[XlingConfig]",
             if getattr(cfg, name, None) is None:
                 continue
             try:
-                dirs.update(c.dir for c in stage().cells(cfg))
+                dirs.update(c.dir for c in stage().all_cells(cfg))
             except Exception:  # noqa: BLE001 - the report must not fail on a stale config
                 unknown.add(name)
     return dirs, unknown

@@ -285,6 +285,9 @@ class RetrieveStage(Stage):
         if cfg.retrieve.fusion:
             runner.run(FusionStage(), cfg)
 
+    def all_cells(self, cfg: XlingConfig) -> list[Cell]:
+        return [*run_cells(cfg), *fusion_cells(cfg)]
+
 
 def _index_cell(cfg: XlingConfig, cell_id: str) -> Cell:
     from xling.jobs.index import index_cells
