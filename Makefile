@@ -53,15 +53,19 @@ endif
 models: setup
 	$(BIN)/xling models tiny
 
+# The demo's recipe lines are not echoed (@): what it prints is xling's own output.
 demo: setup
-	$(BIN)/xling models tiny
-	$(BIN)/xling run --config configs/demo.yaml
-	# MIRAGE-Bench's arena and CROSS's reader: the scripted API models run on 127.0.0.1:8977
-	$(BIN)/python -m xling.dev.scripted_llm --port 8977 & pid=$$!; \
+	@$(BIN)/xling models tiny
+	@echo "== configs/demo.yaml: every stage on the shipped passages, QT/DT, a small XRAG study"
+	@$(BIN)/xling run --config configs/demo.yaml
+	@# MIRAGE-Bench's arena and CROSS's reader: the scripted API models run on 127.0.0.1:8977
+	@echo "== configs/demo-mirage.yaml and demo-cross.yaml (scripted API models on 127.0.0.1:8977)"
+	@$(BIN)/python -m xling.dev.scripted_llm --port 8977 & pid=$$!; \
 	  trap 'kill $$pid' EXIT; $(BIN)/python -m xling.dev.scripted_llm --port 8977 --wait && \
 	  $(BIN)/xling run --config configs/demo-mirage.yaml && \
 	  $(BIN)/xling run --config configs/demo-cross.yaml
-	$(BIN)/xling run --config configs/demo-mirage.yaml run_root=$(RUNS)/demo-mirage-published \
+	@echo "== MIRAGE-Bench's leaderboards from the published answers and verdicts"
+	@$(BIN)/xling run --config configs/demo-mirage.yaml run_root=$(RUNS)/demo-mirage-published \
 	  study.options.source=published study.options.reference_model=gpt-4-azure \
 	  'study.options.held_out=[google/gemma-1.1-2b-it]' 'stages=[evaluate,report]'
 

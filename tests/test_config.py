@@ -107,3 +107,15 @@ def test_a_field_hashed_only_when_set_keeps_earlier_hashes():
     assert sampling_of(LLMSpec(model="x"), SamplingSpec(regex="<a>")).regex == "<a>"
     with pytest.raises(ValueError, match="not a regular expression"):
         SamplingSpec(regex="(")
+
+
+def test_request_seeds_are_reproducible_and_independent_per_prompt():
+    from xling.actors.llm import request_seed
+
+    chat = [{"role": "user", "content": "q1"}]
+    assert request_seed(0, "q1") == request_seed(0, "q1")  # a rerun draws the same sample
+    assert len({request_seed(0, f"q{i}") for i in range(100)}) == 100  # prompts: independent
+    assert request_seed(1, "q1") != request_seed(0, "q1")
+    assert request_seed(0, chat) == request_seed(0, list(chat)) != request_seed(0, "q1")
+    assert request_seed(None, "q1") is None
+    assert all(0 <= request_seed(s, "x") < 2**31 for s in range(50))

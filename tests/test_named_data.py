@@ -206,7 +206,8 @@ def test_named_data_errors_name_the_fix(tmp_path, caches):
         - {{name: t, path: "PATH", langs: [fa], targets: [en] FIELDS}}
     """
     cases = [
-        ("irds:neuclir/1/fa/trec-2023x", "", "is not an ir_datasets id; close: neuclir/1/fa/trec-2023"),
+        ("irds:neuclir/1/fa/trec-2023x", "", "is not an ir_datasets id (https://ir-datasets.com); "
+         "close: neuclir/1/fa/trec-2023"),
         ("irds:neuclir/1/fa/trec-2022", ", fields: [ht_titel]",
          "['ht_titel'] are not fields of irds:neuclir/1/fa/trec-2022's queries"),
         ("irds:neuclir/1/zh/trec-2022", "", "IR_DATASETS_HOME"),  # not in the cache, offline
@@ -263,3 +264,25 @@ def test_hub_dataset_is_fetched_once_into_the_run_store(tmp_path, caches):
     p = _run_validate(tmp_path, config.replace("AmazonScience/XRAG", "nobody/none"), env)
     assert p.returncode == 2 and "cannot fetch hf:nobody/none" in p.stderr
     assert "hf download nobody/none --repo-type dataset" in p.stderr
+
+
+def test_neuclir_topic_files_read_through_the_topic_source(tmp_path):
+    """`format: neuclir` in a topic spec: the same reader the stages' Ray read tasks call."""
+    import pyarrow as pa
+
+    from xling.core.sources import QUERIES, TopicSpec, _read_topic_files
+
+    path = tmp_path / "topics.0720.utf8.jsonl"
+    path.write_text(neuclir_topics_jsonl(), encoding="utf-8")
+    spec = TopicSpec(name="nc", langs=["ru"], format="neuclir", path=str(path),
+                     fields=["mt_title"])
+    blocks = list(_read_topic_files(pa.table({"path": [str(path)]}), spec=spec.model_dump(),
+                                    lang="ru"))
+    rows = pa.concat_tables(blocks).to_pylist()
+    assert blocks[0].schema == QUERIES
+    assert [(r["query_id"], r["text"], r["source"]) for r in rows] == [
+        ("101", "MT выборы в городской совет", "nc"), ("102", "MT цены на нефть", "nc"),
+        ("103", "MT космический туризм", "nc")]
+    assert TopicSpec(**spec.model_dump()).fields == ["mt_title"]  # a dumped config reloads
+    with pytest.raises(ValueError, match="not neuclir topic fields"):
+        TopicSpec(name="nc", langs=["ru"], format="neuclir", path=str(path), fields=["desc"])

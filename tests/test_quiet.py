@@ -176,3 +176,19 @@ def test_cli_verbose_flag_and_bad_level(tmp_path):
                        env={**__import__("os").environ, "XLING_LOG_LEVEL": "loud"})
     assert p.returncode == 2 and "XLING_LOG_LEVEL='loud'" in p.stderr, p.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_native_stderr_goes_to_the_log_and_python_keeps_the_terminal(tmp_path):
+    import subprocess
+    import sys
+
+    log = tmp_path / "native.log"
+    code = ("import os, sys; from xling.core.logs import native_stderr_to; "
+            f"assert native_stderr_to({str(log)!r}); "
+            "os.write(2, b'core_worker.cc: native noise\\n'); "
+            "print('xling: error: for the user', file=sys.stderr); "
+            f"assert not native_stderr_to({str(log)!r})")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == "xling: error: for the user\n"
+    assert log.read_text() == "core_worker.cc: native noise\n"

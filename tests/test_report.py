@@ -253,3 +253,20 @@ def test_report_in_chromium(run_root, tmp_path):
     Path(store.url("report/plots/xrag-1234abcd/main_metric.png")).unlink()
     dom = headless(tmp_path, "--virtual-time-budget=5000", "--dump-dom", url).stdout
     assert 'data-images="2/3"' in dom and 'data-images-ok="false"' in dom
+
+
+def test_fusion_cells_are_the_configs_own(tmp_path, monkeypatch):
+    """Fusions are made after the retrieve runs (`after_run`); the report counts them as the
+    config's cells, not as cells of a superseded config."""
+    monkeypatch.chdir(REPO)
+    from xling.cli import stage_registry
+    from xling.config import validate_config
+    from xling.jobs.report import config_cells
+    from xling.jobs.retrieve import fusion_cells
+
+    cfg = small_config(str(tmp_path / "run")).model_dump(mode="json")
+    cfg["retrieve"]["fusion"] = [{"name": "rrf", "runs": ["bm25", "bm25-rm3"], "method": "rrf"}]
+    cfg = validate_config(cfg, source="test_report")
+    dirs, unknown = config_cells([cfg], stage_registry())
+    fused = {c.dir for c in fusion_cells(cfg)}
+    assert len(fused) == 4 and fused <= dirs and not unknown

@@ -99,6 +99,16 @@ def prompt_hash(prompt: Prompt) -> str:
     return hashlib.sha256(canonical_prompt(prompt).encode()).hexdigest()[:16]
 
 
+def request_seed(seed: int | None, prompt: Prompt) -> int | None:
+    """The sampling seed of one request: derived from the configured seed and the prompt, so
+    a rerun draws the same sample, while different prompts draw independent ones (one seed
+    for every request would give each the same random stream)."""
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}:{canonical_prompt(prompt)}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1
+
+
 def cache_key(model: str, settings: dict, sampling: Sampling, prompt: Prompt) -> str:
     """A generation's identity: model, output-changing engine settings, sampling, prompt."""
     blob = json.dumps({"model": model, "settings": settings, "sampling": sampling.as_dict(),
@@ -272,11 +282,14 @@ class VLLMEngine(LLMEngine):
             extra = {"allowed_token_ids": self.allowed_token_ids(allowed)} if allowed else {}
             if sampling.regex:
                 from vllm.sampling_params import StructuredOutputsParams
-
-                extra["structured_outputs"] = StructuredOutputsParams(regex=sampling.regex)
-            params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                                    max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None,
-                                    seed=sampling.seed, **extra)
+            # One SamplingParams per request: its own seed, and its own structured-output
+            # state (vLLM records the grammar backend on it).
+            params = [SamplingParams(
+                temperature=sampling.temperature, top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None,
+                seed=request_seed(sampling.seed, prompts[i]),
+                structured_outputs=StructuredOutputsParams(regex=sampling.regex)
+                if sampling.regex else None, **extra) for i, _ in todo]
             t0 = time.perf_counter()
             try:
                 results = self.llm.generate(inputs, params, use_tqdm=False)
@@ -338,7 +351,7 @@ class OpenAIEngine(LLMEngine):
         if sampling.stop:
             body["stop"] = list(sampling.stop)
         if sampling.seed is not None:
-            body["seed"] = sampling.seed
+            body["seed"] = request_seed(sampling.seed, prompt)
         if sampling.regex:
             body["structured_outputs"] = {"regex": sampling.regex}
         if self.chat:

@@ -139,6 +139,12 @@ def _fill(template: str, lang: str, doc_lang: str | None) -> str:
     return out.replace("{doc_lang}", doc_lang) if doc_lang else out
 
 
+def _unknown(ref: str, what: str, names, where: str) -> ConfigError:
+    close = difflib.get_close_matches(ref.split(":", 1)[1], list(names), n=5, cutoff=0.5)
+    return ConfigError(f"{where}: '{ref}' is not {what}"
+                       + (f"; close: {', '.join(close)}" if close else ""))
+
+
 def _one_line(text) -> str:
     """The text as the library gives it, on one TSV line (tabs and line breaks -> spaces)."""
     return re.sub(r"[\t\r\n]+", " ", str(text or "")).strip()
@@ -154,11 +160,8 @@ def _irds(name: str, where: str):
     try:
         return ir_datasets.load(name)
     except KeyError:
-        ids = list(ir_datasets.registry._registered)
-        close = difflib.get_close_matches(name, ids, n=5, cutoff=0.5)
-        raise ConfigError(f"{where}: 'irds:{name}' is not an ir_datasets id"
-                          + (f"; close: {', '.join(close)}" if close else "")
-                          + " (the ids are listed at https://ir-datasets.com)") from None
+        raise _unknown(f"irds:{name}", "an ir_datasets id (https://ir-datasets.com)",
+                       ir_datasets.registry._registered, where) from None
 
 
 def _irds_failed(name: str, what: str, where: str, e: Exception) -> ConfigError:
@@ -222,9 +225,8 @@ def _pyserini_failed(name: str, where: str, e: Exception) -> ConfigError:
 def _pyserini_topics(name: str, fields: list[str] | None, where: str) -> list[tuple[str, str]]:
     base = _pyserini(where)
     if name not in base.topics_mapping:
-        close = difflib.get_close_matches(name, list(base.topics_mapping), n=5, cutoff=0.5)
-        raise ConfigError(f"{where}.path: 'pyserini:{name}' is not a pyserini topics name"
-                          + (f"; close: {', '.join(close)}" if close else ""))
+        raise _unknown(f"pyserini:{name}", "a pyserini topics name", base.topics_mapping,
+                       f"{where}.path")
     try:
         topics = base.get_topics(name)
     except Exception as e:  # noqa: BLE001
@@ -244,9 +246,7 @@ def _pyserini_qrels(name: str, where: str) -> bytes:
 
     base = _pyserini(where)
     if name not in base.qrels_mapping:
-        close = difflib.get_close_matches(name, list(base.qrels_mapping), n=5, cutoff=0.5)
-        raise ConfigError(f"{where}: 'pyserini:{name}' is not a pyserini qrels name"
-                          + (f"; close: {', '.join(close)}" if close else ""))
+        raise _unknown(f"pyserini:{name}", "a pyserini qrels name", base.qrels_mapping, where)
     try:
         data = Path(base.get_qrels_file(name)).read_bytes()
     except Exception as e:  # noqa: BLE001

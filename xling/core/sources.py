@@ -66,7 +66,7 @@ class TopicSpec(_Source):
     path: str = Field(description="file or glob (local or s3://), irds:<id> or pyserini:<name>; "
                                   "`{lang}` is replaced")
     fields: list[str] = Field(
-        ["title", "desc"], min_length=1,
+        ["title", "desc"],
         description="the fields that make the query. clef: title, desc, narr (default title + "
                     "desc); neuclir and irds: ir_datasets' names, e.g. title (English), "
                     "ht_title, mt_title, description (default: title for en, else ht_title); "
@@ -80,11 +80,13 @@ class TopicSpec(_Source):
         given = "fields" in self.model_fields_set
         known = {"clef": QUERY_FIELDS, "neuclir": NEUCLIR_FIELDS}.get(self.format)
         if known is None:
-            if given:
+            if given and self.fields != ["title", "desc"]:  # the default: a dumped config
                 raise ValueError(f"fields apply to clef and neuclir topics (and irds:/pyserini: "
                                  f"names), not format {self.format}: remove `fields:`")
-        elif self.format == "neuclir" and not given:
+        elif self.format == "neuclir" and (not given or not self.fields):
             object.__setattr__(self, "fields", [])  # per language: title (en), else ht_title
+        elif not self.fields:
+            raise ValueError(f"fields: name at least one of {list(known)}")
         elif bad := [f for f in self.fields if f not in known]:
             raise ValueError(f"fields {bad} are not {self.format} topic fields; choose from "
                              f"{list(known)}")
