@@ -57,6 +57,12 @@ def test_limit_runs_in_a_smoke_root(tmp_path):
     assert len(outs) == 2 and all(o.startswith(f"{smoke}/ingest/") for o in outs)
     p = _xling("ingest", "-c", str(_config(tmp_path)), "--limit", "0", "--dry-run")
     assert p.returncode == 2 and "--limit N" in p.stderr
+    # a sweep's grid points follow it into the smoke root
+    p = _xling("sweep", "-c", str(_config(tmp_path)), "--grid", "ingest.tokenizer=a/b,c/d",
+               "--limit", "5", "--dry-run")
+    assert p.returncode == 0, p.stderr
+    outs = [l.split("out: ")[1] for l in p.stdout.splitlines() if "out: " in l]
+    assert len(outs) == 4 and all(o.startswith(f"{smoke}/ingest/") for o in outs)
 
 
 def test_starting_lucene_leaves_openai_key_unset():

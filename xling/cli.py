@@ -630,6 +630,12 @@ def print_report(console, store: RunStore, text: str) -> None:
         console.say(report_digest(text, where))
 
 
+def smoke_root(cfg: XlingConfig, limit: int) -> None:
+    """--limit N: the run moves to RUN_ROOT/_smoke/limit-N. Cells keep their ids, so the cut
+    rows must never share a root with full results."""
+    cfg.run_root = f"{cfg.run_root.rstrip('/')}/_smoke/limit-{limit}"
+
+
 def run_sweep(base: XlingConfig, args) -> int:
     """`xling sweep`: the grid's configs through the stages, then the comparison table."""
     from xling.core.sweep import as_overrides, comparison_table, grid_points, parse_grid
@@ -637,6 +643,9 @@ def run_sweep(base: XlingConfig, args) -> int:
     grid = {**(base.sweep.grid if base.sweep else {}), **parse_grid(args.grid)}
     points = grid_points(grid)
     cfgs = [load_config(args.config, [*args.overrides, *as_overrides(p)]) for p in points]
+    if args.limit is not None:  # `base` was moved by main; the grid's configs follow it
+        for c in cfgs:
+            smoke_root(c, args.limit)
     if len({c.run_root for c in cfgs}) > 1:
         raise ConfigError("a sweep runs in one run root: do not sweep `run_root`")
     print(f"[sweep] {len(points)} grid points over {', '.join(grid)}")
@@ -749,8 +758,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "limit", None) is not None:
             if args.limit < 1:
                 raise ConfigError("--limit N: N is a number of records, 1 or more")
-            # Cells keep their ids; a separate root keeps the cut rows out of the real results.
-            cfg.run_root = f"{cfg.run_root.rstrip('/')}/_smoke/limit-{args.limit}"
+            smoke_root(cfg, args.limit)
             print(f"xling: smoke run, the first {args.limit} records of every input, in "
                   f"{cfg.run_root}", file=sys.stderr)
         if args.command == "validate":
