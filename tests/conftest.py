@@ -63,6 +63,9 @@ def ray_local():
     import ray
     import ray.data
 
+    from xling.dev.localcluster import patient_node_lookup
+
+    patient_node_lookup()  # two xdist workers start Rays side by side on 2 cores
     here = os.path.dirname(os.path.abspath(__file__))
     ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
              runtime_env={"env_vars": {"PYTHONPATH": here}})

@@ -116,3 +116,35 @@ def test_two_nodes_job_submit_and_clean_stop(tmp_path):
     assert cluster.processes() == []
     leftovers = subprocess.run(["pgrep", "-af", str(cluster.nodes[0].temp_dir)], capture_output=True, text=True)
     assert leftovers.stdout == ""
+
+
+def test_node_lookup_waits_longer_than_rays_fixed_30_s(monkeypatch):
+    """A raylet that registers late (a loaded machine) is waited for; one that never does
+    still fails, after XLING_RAYLET_START_WAIT_S."""
+    import ray._private.services as services
+
+    from xling.dev.localcluster import patient_node_lookup
+
+    calls = []
+
+    def late(gcs_address, node_id):  # registers on the third ask
+        calls.append(node_id)
+        if len(calls) < 3:
+            raise RuntimeError("node info not available yet")
+        return {"node_id": node_id}
+
+    monkeypatch.setattr(services, "get_node", late)
+    monkeypatch.setenv("XLING_RAYLET_START_WAIT_S", "5")
+    patient_node_lookup()
+    patient_node_lookup()  # idempotent: wrapped once
+    assert services.get_node("gcs", "n1") == {"node_id": "n1"} and len(calls) == 3
+
+    monkeypatch.setenv("XLING_RAYLET_START_WAIT_S", "0.6")
+
+    def never(gcs_address, node_id):
+        raise RuntimeError("node info not available")
+
+    monkeypatch.setattr(services, "get_node", never)
+    patient_node_lookup()
+    with pytest.raises(RuntimeError):
+        services.get_node("gcs", "n3")

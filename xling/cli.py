@@ -446,6 +446,9 @@ def init_ray(cfg: XlingConfig, address: str | None, level: int = logging.WARNING
         ray.init(address=address, **kw)
     else:
         os.environ[ENV] = level_name(level)  # the local raylet and its workers inherit it
+        from xling.dev.localcluster import patient_node_lookup
+
+        patient_node_lookup()  # a loaded machine may need more than Ray's fixed 30 s
         ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, **kw)
     import ray.data
 

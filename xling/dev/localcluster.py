@@ -281,7 +281,10 @@ def start_local_cluster(
             "--object-store-memory", str(object_store_mb * 1024 * 1024),
             *_port_args(head_ports),
         ]
-        cluster.nodes.append(_ray_start("head", [ray_bin(), *head_args], base / "head", head_ports,
+        # In loopback mode the head starts through the shim too, for its patient node lookup.
+        head_cmd = ([sys.executable, "-m", "xling.dev.localcluster", "ray-start", *head_args]
+                    if loopback else [ray_bin(), *head_args])
+        cluster.nodes.append(_ray_start("head", head_cmd, base / "head", head_ports,
                                         tmp_root, env, timeout))
         cluster.save()  # from here on `stop` can find what we started
         for i in range(1, num_workers + 1):
@@ -525,8 +528,36 @@ def _ray_start_shim(args: list[str]) -> int:
     shim.__dict__.update(ray_constants.__dict__)
     shim.ENABLE_RAY_CLUSTER = True
     scripts.ray_constants = shim
+    patient_node_lookup()
     sys.argv = ["ray", *args]
     return scripts.main()
+
+
+def patient_node_lookup() -> None:
+    """Ray gives a new raylet a fixed 30 s to register with the GCS (`ray start` and a local
+    `ray.init`, ray/_private/node.py) and reads no setting for it. On a loaded 2-core
+    machine (CI, with other tests starting their own Ray) that is sometimes not enough, and
+    the node start fails. Each lookup here keeps asking for up to XLING_RAYLET_START_WAIT_S
+    (default 150 s) first. Idempotent."""
+    import ray._private.services as services
+
+    lookup = services.get_node
+    if getattr(lookup, "_xling_patient", False):
+        return
+    wait_s = float(os.environ.get("XLING_RAYLET_START_WAIT_S", "150"))
+
+    def patient(gcs_address, node_id, *args, **kwargs):
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return lookup(gcs_address, node_id, *args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    patient._xling_patient = True  # type: ignore[attr-defined]
+    services.get_node = patient
 
 
 def main(argv: list[str] | None = None) -> int:
