@@ -181,9 +181,12 @@ and analyzer_fallback: true in the manifest).
                     "rows (query_id, lang, doc_id, rank, score, doc_lang, system) and a TREC "
                     "run file per cell. Fusions (RRF, interpolation) follow their runs.",
         epilog="""settings (retrieve.*):
-  topics[]          name, format (tsv|clef|jsonl), path, langs (query languages),
+  topics[]          name, format (tsv|clef|jsonl|neuclir), path, langs (query languages),
                     doc_langs (document languages; {doc_lang} in path/qrels), qrels,
+                    fields (clef, neuclir, irds:, pyserini: query fields, e.g. [ht_title]),
                     translations (the translate.topics entry holding their QT)
+                    path and qrels may name a standard set, fetched once into the run
+                    store: irds:neuclir/1/{lang}/trec-2022, pyserini:ciral-v1.0-ha-test-a
   runs[]            name, engine (bm25|dense), collection, mode, k1 [0.9], b [0.4],
                     weights (dense: {dense: 1, sparse: 0.3, colbert: 1}), merge
   modes             og  original queries, original documents
