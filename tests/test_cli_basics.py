@@ -74,3 +74,37 @@ def test_starting_lucene_leaves_openai_key_unset():
                        timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().splitlines()[-1] == "None"
+
+
+def test_a_local_ray_that_times_out_starting_is_started_again(monkeypatch, tmp_path):
+    """Control flow only (Ray's own start-up is what the stage tests run): one retry, for
+    Ray's start-up timeout and nothing else."""
+    import logging
+
+    import pytest
+    import ray
+
+    from xling.cli import init_ray
+    from xling.config import load_config
+
+    cfg = load_config(_config(tmp_path))
+    calls = []
+
+    def init(**kw):
+        calls.append(kw)
+        if len(calls) == 1:
+            raise Exception("The current node timed out during startup. This could happen ...")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("XLING_LOG_LEVEL", "WARNING")  # init_ray sets it; restored afterwards
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    init_ray(cfg, None, logging.WARNING)
+    assert len(calls) == 3 and calls[1] == "shutdown" and calls[2]["num_cpus"] == cfg.ray.num_cpus
+
+    calls.clear()
+    monkeypatch.setattr(ray, "init", lambda **kw: (_ for _ in ()).throw(RuntimeError("bad")))
+    with pytest.raises(RuntimeError, match="bad"):  # other errors are not retried
+        init_ray(cfg, None, logging.WARNING)
+    assert calls == []

@@ -452,7 +452,18 @@ def init_ray(cfg: XlingConfig, address: str | None, level: int = logging.WARNING
         from xling.dev.localcluster import patient_node_lookup
 
         patient_node_lookup()  # a loaded machine may need more than Ray's fixed 30 s
-        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, **kw)
+        for attempt in (1, 2):
+            try:
+                ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, **kw)
+                break
+            except Exception as e:  # noqa: BLE001 - only Ray's start-up timeout is retried
+                if attempt == 2 or "timed out during startup" not in str(e):
+                    raise
+                # Seen on 2 overloaded cores: the GCS answers no lookup for minutes. A fresh
+                # local node (new session, new ports) usually starts.
+                logging.getLogger("xling").warning(
+                    "the local Ray node did not start in time; starting a new one")
+                ray.shutdown()
     import ray.data
 
     if quiet:

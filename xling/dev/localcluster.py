@@ -538,13 +538,13 @@ def patient_node_lookup() -> None:
     `ray.init`, ray/_private/node.py) and reads no setting for it. On a loaded 2-core
     machine (CI, with other tests starting their own Ray) that is sometimes not enough, and
     the node start fails. Each lookup here keeps asking for up to XLING_RAYLET_START_WAIT_S
-    (default 150 s) first. Idempotent."""
+    (default 90 s) first. Idempotent."""
     import ray._private.services as services
 
     lookup = services.get_node
     if getattr(lookup, "_xling_patient", False):
         return
-    wait_s = float(os.environ.get("XLING_RAYLET_START_WAIT_S", "150"))
+    wait_s = float(os.environ.get("XLING_RAYLET_START_WAIT_S", "90"))
 
     def patient(gcs_address, node_id, *args, **kwargs):
         deadline = time.monotonic() + wait_s
