@@ -50,9 +50,9 @@ def resolve_named(data: dict) -> None:
     topics = list(_specs(data, _TOPIC_LISTS, "topics"))
     corpora = [(w, s) for w, s in _specs(data, _CORPUS_LISTS, "corpus")
                if named(s.get("path"))]
-    options = (data.get("study") or {}).get("options") if isinstance(data.get("study"),
-                                                                      dict) else None
-    hub = [k for k, v in (options or {}).items() if named(v) and named(v)[0] == "hf"]
+    study = data.get("study")
+    options = study.get("options") if isinstance(study, dict) else None
+    hub = [k for k, v in (options or {}).items() if (named(v) or ("",))[0] == "hf"]
     if not any(named(s.get("path")) or named(s.get("qrels")) for _, s in topics) \
             and not hub and not corpora:
         return
@@ -115,23 +115,30 @@ def _resolve_topics(store: RunStore, spec: dict, where: str) -> None:
         if fields is not None and (not isinstance(fields, list) or not fields):
             raise ConfigError(f"{where}.fields: a list of query field names, e.g. [ht_title]")
         rel = f"{DATA}/topics/{scheme}/{name}/{'+'.join(fields) if fields else 'default'}.tsv"
-        for ql, dl in combos:
-            path = _fill(rel, ql, dl)
-            if not store.exists(path):
-                rows = _TOPICS[scheme](_fill(name, ql, dl), fields, where)
-                store.write_bytes(path, "".join(f"{q}\t{t}\n" for q, t in rows).encode())
-        spec["path"] = store.url(rel)
+        spec["path"] = _materialize(store, rel, name, combos, lambda n: "".join(
+            f"{q}\t{t}\n" for q, t in _TOPICS[scheme](n, fields, where)).encode())
     qref = named(spec.get("qrels"))
     if qref:
         scheme, name = qref
         if scheme == "hf":
             raise ConfigError(f"{where}.qrels: name qrels with irds:<id> or pyserini:<name>")
-        rel = f"{DATA}/qrels/{scheme}/{name}/qrels.txt"
-        for ql, dl in combos:
-            path = _fill(rel, ql, dl)
-            if not store.exists(path):
-                store.write_bytes(path, _QRELS[scheme](_fill(name, ql, dl), f"{where}.qrels"))
-        spec["qrels"] = store.url(rel)
+        spec["qrels"] = _materialize(store, f"{DATA}/qrels/{scheme}/{name}/qrels.txt", name,
+                                     combos, lambda n: _QRELS[scheme](n, f"{where}.qrels"))
+
+
+def _materialize(store: RunStore, rel: str, name: str, combos, make) -> str:
+    """Write `make(name)` at `rel` for every (lang, doc_lang) the templates expand to, unless
+    the store has it already; return the store URL of the template."""
+    for ql, dl in combos:
+        path = _fill(rel, ql, dl)
+        if not store.exists(path):
+            store.write_bytes(path, make(_fill(name, ql, dl)))
+    return store.url(rel)
+
+
+def _qrels_text(rows) -> bytes:
+    """(query_id, doc_id, relevance) triples -> TREC qrels."""
+    return "".join(f"{q} Q0 {d} {int(r)}\n" for q, d, r in rows).encode()
 
 
 def _fill(template: str, lang: str, doc_lang: str | None) -> str:
@@ -185,8 +192,6 @@ def _irds_topics(name: str, fields: list[str] | None, where: str) -> list[tuple[
         return [(q.query_id, _one_line(" ".join(str(getattr(q, f) or "") for f in fields)
                                        if fields else q.default_text()))
                 for q in ds.queries_iter()]
-    except ConfigError:
-        raise
     except Exception as e:  # noqa: BLE001 - download or parse failure, named with its fix
         raise _irds_failed(name, "queries", f"{where}.path", e) from None
 
@@ -196,10 +201,10 @@ def _irds_qrels(name: str, where: str) -> bytes:
     if not ds.has_qrels():
         raise ConfigError(f"{where}: irds:{name} has no qrels")
     try:
-        lines = [f"{q.query_id} Q0 {q.doc_id} {int(q.relevance)}\n" for q in ds.qrels_iter()]
+        rows = [(q.query_id, q.doc_id, q.relevance) for q in ds.qrels_iter()]
     except Exception as e:  # noqa: BLE001
         raise _irds_failed(name, "qrels", where, e) from None
-    return "".join(lines).encode()
+    return _qrels_text(rows)
 
 
 # ---------------------------------------------------------------------------------------
@@ -255,7 +260,7 @@ def _pyserini_qrels(name: str, where: str) -> bytes:
         rows = list(iter_qrels(io.BytesIO(data)))
     except ValueError as e:
         raise ConfigError(f"{where}: pyserini:{name}: {e}") from None
-    return "".join(f"{r['query_id']} Q0 {r['doc_id']} {r['relevance']}\n" for r in rows).encode()
+    return _qrels_text((r["query_id"], r["doc_id"], r["relevance"]) for r in rows)
 
 
 _TOPICS = {"irds": _irds_topics, "pyserini": _pyserini_topics}
@@ -283,13 +288,12 @@ def hub_path(store: RunStore, ref: str, where: str, local: bool = True) -> str:
     rel = f"{DATA}/hf/{repo}/{rev or 'main'}"
     info = store.read_json_or_none(f"{rel}/{HUB_MARKER}") or {}
     have = set(info.get("files", []))
-    if not (info.get("complete") or (sub and (sub in have or any(
-            f.startswith(sub + "/") for f in have)))):
+    if not (info.get("complete") or (sub and any(_under(f, sub) for f in have))):
         local = _snapshot(repo, info.get("revision") or rev, sub, where)
         new = sorted(str(p.relative_to(local)).replace(os.sep, "/")
                      for p in Path(local).rglob("*") if p.is_file())
         if sub:
-            new = [f for f in new if f == sub or f.startswith(sub + "/")]
+            new = [f for f in new if _under(f, sub)]
             if not new:
                 raise ConfigError(f"{where}: hf:{repo} has no file or folder '{sub}'")
         for f in new:
@@ -302,6 +306,11 @@ def hub_path(store: RunStore, ref: str, where: str, local: bool = True) -> str:
         return store.url(f"{rel}/{sub}" if sub else rel)
     root = store.fetch_tree(rel, HUB_MARKER)
     return os.path.join(root, sub) if sub else root
+
+
+def _under(path: str, sub: str) -> bool:
+    """`path` is the file `sub` or inside the folder `sub` (repository paths, `/`)."""
+    return path == sub or path.startswith(sub + "/")
 
 
 def _snapshot(repo: str, rev: str | None, sub: str, where: str) -> str:

@@ -362,8 +362,9 @@ def report_digest(text: str, path: str, max_lines: int = RESULT_LINES) -> str:
     lines = text.splitlines()
     out = [f"[report] {l}" for l in lines if _CELLS_DONE.match(l)][:1]
     sections: list[list[str]] = []
-    if "## Results" in (l.strip() for l in lines):
-        start = [l.strip() for l in lines].index("## Results") + 1
+    stripped = [l.strip() for l in lines]
+    if "## Results" in stripped:
+        start = stripped.index("## Results") + 1
         for m in lines[start:]:
             if m.startswith(_REPORT_SECTIONS):
                 break

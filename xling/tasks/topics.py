@@ -121,7 +121,10 @@ def iter_neuclir_topics(stream: IO, *, lang: str, fields: tuple[str, ...] = ()
     `ht_title` otherwise. `title`/`desc`/`narr` keep the chosen version's three fields.
     """
     fields = tuple(fields) or (("title",) if lang == "en" else ("ht_title",))
-    versions = {f.split("_")[0] if "_" in f else "org" for f in fields}
+    # (version, topic key): "ht_title" -> ("ht", "topic_title"), "title" -> ("org", ...)
+    wanted = [(v or "org", f"topic_{name}") for v, _, name in (f.rpartition("_") for f in fields)]
+    versions = {v for v, _ in wanted}
+    version = sorted(versions)[0]  # the one whose title/desc/narr the row keeps
     if "org" in versions and lang != "en":
         raise ValueError(f"NeuCLIR fields {[f for f in fields if '_' not in f]} are the English "
                          f"original: use langs [en], or ht_/mt_ fields for {lang}")
@@ -154,7 +157,6 @@ def iter_neuclir_topics(stream: IO, *, lang: str, fields: tuple[str, ...] = ()
             yield row
             continue
         row["query_id"] = qid
-        version = sorted(versions)[0]
         topic = found.get(version)
         if topic is None:
             row["error"] = f"topic {qid} has no {version} version in {want}"
@@ -163,9 +165,8 @@ def iter_neuclir_topics(stream: IO, *, lang: str, fields: tuple[str, ...] = ()
         row.update(title=topic.get("topic_title"), desc=topic.get("topic_description"),
                    narr=topic.get("topic_narrative"))
         parts = []
-        for f in fields:
-            v, _, name = f.rpartition("_")
-            value = (found.get(v or "org") or {}).get(f"topic_{name}")
+        for v, key in wanted:
+            value = (found.get(v) or {}).get(key)
             if value:
                 parts.append(" ".join(str(value).split()))
         if parts:
