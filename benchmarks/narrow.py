@@ -66,7 +66,7 @@ def main() -> None:
     from xling.core.runner import Runner
     from xling.core.store import RunStore
     from xling.jobs.narrow import NarrowStage
-    from xling.tasks import cross
+    from xling.studies.cross import study as cross
 
     gpu = torch.cuda.is_available()
     files = data_files(args.file)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from xling.tasks import bordirlines as B
+from xling.studies.bordirlines import study as B
 
 PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "papers" / "bordirlines.txt"
 

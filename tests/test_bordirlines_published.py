@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xling.tasks import bordirlines as B
+from xling.studies.bordirlines import study as B
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = ROOT / "configs" / "bordirlines.expected.yaml"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from xling.tasks import bordirlines as B
+from xling.studies.bordirlines import study as B
 from xling.tasks.parsers import PARSERS
 
 FIXTURE = Path(__file__).parent / "data" / "bordirlines"

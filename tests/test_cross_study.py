@@ -149,7 +149,7 @@ def test_needle_rank_within_k_exactly_when_the_gold_is_in_the_text(run):
 def test_top_k_is_exact_on_the_stored_vectors(run):
     """Every selection equals a brute-force numpy ranking (score descending, ties by index)
     of the stored sentence vectors, for every k up to the largest."""
-    from xling.tasks import cross
+    from xling.studies.cross import study as cross
 
     store = run["store"]
     for clang, m in narrow_cells(store).items():

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from xling.tasks import cross as C
+from xling.studies.cross import study as C
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "data" / "mlongrr"

@@ -63,7 +63,7 @@ def judge_reply(prompt: str, model: str) -> str:
 
 
 def _queries() -> dict[str, str]:
-    from xling.tasks.mirage import load_queries
+    from xling.studies.mirage.study import load_queries
 
     return {it["query_id"]: it["query"] for lang in ("en", "sw")
             for it in load_queries(str(DATA / "mirage-bench"), lang)}
@@ -170,7 +170,7 @@ def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
 def test_mirage_published_route(tmp_path):
     """The paper's leaderboards from the hub's published answers, features and verdicts:
     no generate, features or arena cells; the same tables as score() on the loaders."""
-    from xling.tasks import mirage
+    from xling.studies.mirage import study as mirage
 
     run_root = tmp_path / "run"
     opts = [f"study.options.data={DATA}/mirage-bench", "study.options.source=published",
@@ -245,7 +245,7 @@ def test_mirage_killed_in_features_and_arena_resumes(tmp_path, s3_env):
 def test_mirage_published_layouts_read_from_s3(s3_env):
     """The hub snapshots copied into the run store (SeaweedFS S3 over HTTP) give the same
     leaderboards as the local copies."""
-    from xling.tasks import mirage
+    from xling.studies.mirage import study as mirage
 
     prefix = f"mirage-pub-{int(time.time() * 1000)}"
     store = RunStore(f"s3://xling-test/{prefix}")

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
-from xling.tasks import mirage as M
+from xling.studies.mirage import study as M
 
 DATA = Path(__file__).parent / "data" / "mirage"
 PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "papers" / "mirage-bench.txt"
@@ -335,7 +335,7 @@ BOOT_SCRIPT = """
 import hashlib, sys
 sys.path.insert(0, {root!r})
 from tests.test_mirage_tasks import _simulate
-from xling.tasks import mirage as M
+from xling.studies.mirage import study as M
 _, prefs = _simulate(n_models=6, n_queries=30)
 b = M.tournaments(prefs, [f"m{{i}}" for i in range(6)], M.Options(tournaments=20, matches=30,
                                                                   bootstrap_seed=11))

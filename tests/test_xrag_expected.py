@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xling.tasks import xrag
+from xling.studies.xrag import study as xrag
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = yaml.safe_load((ROOT / "configs" / "xrag.expected.yaml").read_text("utf-8"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from xling.tasks import xrag
+from xling.studies.xrag import study as xrag
 
 PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "papers" / "xrag.txt"
 if not PAPER.is_file():

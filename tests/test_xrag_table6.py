@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from xling.tasks import xrag
+from xling.studies.xrag import study as xrag
 from xling.tasks.judge import parse_verdict
 from xling.tasks.parsers import parse_answer_tag
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sklearn.metrics import cohen_kappa_score
 
-from xling.tasks import xrag
+from xling.studies.xrag import study as xrag
 from xling.tasks.languages import UnknownLanguageError
 from xling.tasks.parsers import PARSERS
 

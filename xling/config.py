@@ -73,7 +73,7 @@ class XlingConfig(Strict):
     @model_validator(mode="after")
     def _study_links(self) -> "XlingConfig":
         if self.narrow is not None and (self.study is None or not hasattr(
-                importlib.import_module(f"xling.tasks.{self.study.task}"), "narrow_langs")):
+                importlib.import_module(f"xling.studies.{self.study.task}.study"), "narrow_langs")):
             raise ValueError("narrow ranks the sentences of a study that narrows long contexts: "
                              "it needs a `study:` section with task: cross (remove `narrow:` "
                              "otherwise)")

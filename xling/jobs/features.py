@@ -253,7 +253,7 @@ class _LangIdBatch:
     def __init__(self):
         from xling.actors.langid import LanguageDetector
         from xling.tasks.languages import lingua_language
-        from xling.tasks.mirage import LANGS
+        from xling.studies.mirage.study import LANGS
 
         self.detector = LanguageDetector(sorted({lingua_language(c) for c in LANGS} - {None}))
 

@@ -65,7 +65,7 @@ def _study(cfg: XlingConfig):
     if cfg.study is None:
         raise ConfigError("narrow ranks a study's sentences: add a `study:` section (e.g. "
                           "task: cross)")
-    mod = importlib.import_module(f"xling.tasks.{cfg.study.task}")
+    mod = importlib.import_module(f"xling.studies.{cfg.study.task}.study")
     if not hasattr(mod, "narrow_langs"):
         raise ConfigError(f"narrow: study '{cfg.study.task}' declares no narrowing; remove the "
                           "`narrow:` section or use a study that narrows (cross)")

@@ -49,7 +49,7 @@ class StudyConfig(Strict):
     def _options(self) -> "StudyConfig":
         import importlib
 
-        module = importlib.import_module(f"xling.tasks.{self.task}")
+        module = importlib.import_module(f"xling.studies.{self.task}.study")
         object.__setattr__(self, "options", module.check_options(dict(self.options)))
         return self
 
@@ -57,7 +57,7 @@ class StudyConfig(Strict):
 
 
 def study_module(cfg: XlingConfig) -> ModuleType:
-    return importlib.import_module(f"xling.tasks.{cfg.study.task}")
+    return importlib.import_module(f"xling.studies.{cfg.study.task}.study")
 
 
 def prompt_sets(cfg: XlingConfig) -> list[dict]:

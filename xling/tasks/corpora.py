@@ -121,7 +121,7 @@ def iter_documents(stream: BinaryIO, *, fmt: str, lang: str, source: str, encodi
         yield from _iter_clef(stream, lang=lang, source=source, encoding=encoding)
         return
     if fmt == "xrag":  # the non-English articles of XRAG's multilingual subset
-        from xling.tasks.xrag import iter_article_documents
+        from xling.studies.xrag.study import iter_article_documents
 
         yield from iter_article_documents(stream, lang=lang, source=source)
         return

@@ -48,13 +48,13 @@ PARSERS: dict[str, Callable[[str], Parsed]] = {
 # Study parsers whose modules are imported lazily (a study module must not be imported here
 # at load time: it may import this module).
 def parse_bordirlines_direct(text: str) -> Parsed:
-    from xling.tasks.bordirlines import parse_direct
+    from xling.studies.bordirlines.study import parse_direct
 
     return parse_direct(text)
 
 
 def parse_bordirlines_citation(text: str) -> Parsed:
-    from xling.tasks.bordirlines import parse_citation
+    from xling.studies.bordirlines.study import parse_citation
 
     return parse_citation(text)
 
@@ -73,13 +73,13 @@ PARSERS["verdict"] = parse_verdict  # judge panels (tasks/judge.py)
 
 
 def parse_mirage_rag(text: str) -> Parsed:
-    from xling.tasks.mirage import parse_rag_output
+    from xling.studies.mirage.study import parse_rag_output
 
     return parse_rag_output(text)
 
 
 def parse_mirage_pairwise(text: str) -> Parsed:
-    from xling.tasks.mirage import parse_pair_verdict
+    from xling.studies.mirage.study import parse_pair_verdict
 
     return parse_pair_verdict(text)
 
@@ -87,4 +87,4 @@ def parse_mirage_pairwise(text: str) -> Parsed:
 PARSERS["mirage_rag"] = parse_mirage_rag  # MIRAGE-Bench answers (tasks/mirage.py)
 PARSERS["mirage_pairwise"] = parse_mirage_pairwise  # its arena's pair verdicts
 PARSERS["mirage_pairwise_reference"] = lambda text: __import__(
-    "xling.tasks.mirage", fromlist=["parse_pair_verdict"]).parse_pair_verdict(text, "reference")
+    "xling.studies.mirage.study", fromlist=["parse_pair_verdict"]).parse_pair_verdict(text, "reference")

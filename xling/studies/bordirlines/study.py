@@ -100,7 +100,7 @@ MODES = ("no_ir", "qlang", "rel_langs", "qlang_en", "en", "swap")
 PROMPTS = ("direct", "citation")
 RETRIEVERS = ("openai", "m3")
 
-PACKAGED = Path(__file__).resolve().parent / "data" / "borderlines"
+PACKAGED = Path(__file__).resolve().parent / "data"
 UNKNOWN = "Unknown"  # the table's Controller for territories without a controller
 LETTERS = "ABCDEFGH"  # the original's option letters (LETTERS_MC = "A)".."H)")
 
@@ -129,7 +129,7 @@ OPTION_KEYS = ("data", "docs", "retriever", "modes", "prompts", "langs", "k", "t
 # The paper's Table 5 prompts (bordirlines_prompts.yaml; each text cites its line of
 # papers/bordirlines.txt there).
 PROMPT_TEMPLATES: dict[str, str] = yaml.safe_load(
-    (Path(__file__).with_name("bordirlines_prompts.yaml")).read_text("utf-8"))
+    (Path(__file__).with_name("prompts.yaml")).read_text("utf-8"))
 # The system prompt of the direct format ("System Prompt", Table 5, bordirlines.txt L484).
 SYSTEM_PROMPT = PROMPT_TEMPLATES["system"]
 
@@ -484,7 +484,9 @@ def check_options(raw: Mapping | None) -> dict:
             raise _err("territories", f"no {need} in {str(root)!r}",
                        "give a BorderLines data directory (disputed_territories.csv, "
                        "countries_info.json, queries/) or leave it out for the packaged copy")
-    opts["territories"] = str(root.resolve())
+    # The packaged copy stays None: an absolute path would tie every cell's hash to where
+    # the checkout lives, so moving or re-cloning it would re-run finished cells.
+    opts["territories"] = str(root.resolve()) if terr else None
     try:
         bl = load_borderlines(root)
     except (ValueError, KeyError, json.JSONDecodeError) as e:

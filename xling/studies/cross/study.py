@@ -144,7 +144,7 @@ CITIES = ("Chicago", "Yangon", "Antananarivo", "Colombo", "Almaty", "Sydney", "M
           "Seattle", "Lagos", "Amsterdam", "Belgrade", "Cairo", "Baghdad", "Damascus", "Kigali",
           "Dakar", "Sofia", "Victoria", "Tashkent", "Mumbai", "Barcelona", "Amman",
           "Toronto")  # L313-335
-DATA_DIR = Path(__file__).with_name("data") / "cross"
+DATA_DIR = Path(__file__).with_name("data")
 TEMPLATES_PATH = DATA_DIR / "templates.json"
 PUNKT_ENGLISH_DIR = DATA_DIR / "punkt_tab_english"
 
@@ -1875,7 +1875,7 @@ def score(opts: dict, generations: list[dict], judgments=None, **_) -> tuple[lis
     lang = q-c, model): accuracy and strict accuracy with Wilson 95% intervals, the failure
     classes, hit rate of the target (CROSS), input reduction, refused prompts; accuracy also
     by length and by depth (``accuracy|length=2k``, ``accuracy|depth=50``)."""
-    from xling.tasks.xrag import wilson
+    from xling.studies.xrag.study import wilson
 
     rows = []
     for g in generations:

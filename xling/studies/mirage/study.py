@@ -190,7 +190,7 @@ class Options:
 
 def _load_prompts() -> dict[str, str]:
     import yaml  # PyYAML is a dependency of the config layer already
-    return yaml.safe_load((Path(__file__).with_name("mirage_prompts.yaml")).read_text("utf-8"))
+    return yaml.safe_load((Path(__file__).with_name("prompts.yaml")).read_text("utf-8"))
 
 
 PROMPTS.update(_load_prompts())

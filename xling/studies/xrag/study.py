@@ -585,7 +585,7 @@ def order_articles(articles: list[dict], how: str, *, item_id: str, seed: int) -
 
 # --- the paper's prompt templates (xling/tasks/data/xrag/prompts.yaml) -------------------
 
-_PROMPTS_FILE = os.path.join(os.path.dirname(__file__), "data", "xrag", "prompts.yaml")
+_PROMPTS_FILE = os.path.join(os.path.dirname(__file__), "prompts.yaml")
 _PROMPTS: dict[str, Any] = {}
 _VAR = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 _LOOP = re.compile(r"^[ \t]*\{%\s*for\s*\(idx,\s*text,\s*date\)\s*in\s*articles\s*%\}[ \t]*\n"
@@ -965,8 +965,8 @@ def _kappa_rows(items: list[dict], labels: dict[Key, bool]) -> list[dict]:
 
 # --- tables -------------------------------------------------------------------------------
 
-_CHECKOUT_EXPECTED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "configs", "xrag.expected.yaml")
+_CHECKOUT_EXPECTED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "configs", "xrag.expected.yaml")
 TABLE6_ROWS = ("multi", "multi_eq", "multi_eq_es", "multi_en_x")  # xrag.txt L250-253
 DAGGER = "†"
 
