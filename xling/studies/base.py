@@ -1,0 +1,226 @@
+"""The one interface every study implements, and the capabilities a study may declare.
+
+A study turns a paper into data for the stages: its options (a pydantic model), its prompt
+sets (setting x language), the prompt rows of each set, the parsers its outputs need, the
+scoring of generations into items and metrics, and the rendering of the paper's tables and
+plots. The stages reach a study only through this module's types: a stage asks
+`isinstance(study, Judged)`, never `hasattr`. `registry.py` maps names to classes.
+
+Options are validated into a plain dict (`Study.validate_options`), the dict that cell
+params carry and hash: study code reads `opts["key"]` and the hashes of finished cells stay
+what they were when the options were a hand-checked dict.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+Opts = Mapping[str, Any]
+Rows = list[dict]
+Parser = Any  # Callable[[str], tuple[dict | None, str | None]]
+
+
+class StudyOptions(BaseModel):
+    """A study's `study.options`: unknown keys are errors, each field documents itself."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def as_options(self) -> dict:
+        """The dict that cell params carry (and hash)."""
+        return self.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """One (setting, language) set of prompts of a study; one generate cell per model."""
+
+    setting: str
+    lang: str
+
+
+@dataclass
+class Rendered:
+    """The paper's tables (markdown) and plots (file name -> PNG bytes) of one evaluation."""
+
+    markdown: str
+    plots: dict[str, bytes]
+
+
+class Study(ABC):
+    """A paper as data. Subclasses set `name`, `Options` and `paper`, and implement the steps.
+
+    Every step takes `opts`, the validated options dict, so one instance serves any config.
+    """
+
+    name: ClassVar[str]
+    Options: ClassVar[type[StudyOptions]]
+    paper: ClassVar[str] = ""  # the paper's title, for the report
+    # generation columns beyond the common ones that `score` reads
+    score_columns: ClassVar[tuple[str, ...]] = ()
+    # config sections this study needs, with the reason shown when one is missing
+    requires: ClassVar[dict[str, str]] = {}
+
+    def validate_options(self, raw: Mapping | None) -> dict:
+        """`study.options` -> the options dict; raises pydantic's ValidationError."""
+        return self.Options.model_validate(dict(raw or {})).as_options()
+
+    def required_sections(self, opts: Opts) -> dict[str, str]:
+        """Config sections these options need -> why (config.py checks them)."""
+        return dict(self.requires)
+
+    @abstractmethod
+    def prompt_sets(self, opts: Opts) -> list[PromptSet]:
+        """The (setting, language) prompt sets the options select."""
+
+    @abstractmethod
+    def input_files(self, opts: Opts) -> list[str]:
+        """The data files the prompts are built from (their changes mark cells stale)."""
+
+    @abstractmethod
+    def parser_for(self, setting: str) -> str:
+        """The name of the output parser of a setting's generations."""
+
+    @abstractmethod
+    def parsers(self) -> dict[str, Parser]:
+        """The output parsers this study registers, by the names configs and cells use."""
+
+    @abstractmethod
+    def build_prompts(self, opts: Opts, setting: str, lang: str, *,
+                      inputs: StudyInputs) -> Rows:
+        """The prompt rows of one set (tasks/prompts.py's schema); a row the study cannot
+        build keeps its error."""
+
+    @abstractmethod
+    def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
+        """Generations (with judgments, features...) -> (items, metric rows)."""
+
+    @abstractmethod
+    def render(self, opts: Opts, items: Rows, metrics: Rows) -> Rendered:
+        """The paper's tables and plots from the items and metrics."""
+
+    def prompt_files(self) -> list[Path]:
+        """The prompt template files this study ships (checked to load by the tests)."""
+        return []
+
+    def load_prompt_files(self) -> None:
+        """Read and check every prompt file; raises on one that is missing or malformed."""
+        import yaml
+
+        for path in self.prompt_files():
+            text = Path(path).read_text("utf-8")
+            if Path(path).suffix in (".yaml", ".yml"):
+                if not isinstance(yaml.safe_load(text), dict):
+                    raise ValueError(f"{path}: not a mapping of prompt templates")
+
+
+@dataclass
+class StudyInputs:
+    """What upstream stages made for a prompt set: translations (doc id -> English text)
+    for a `Translated` setting, the narrow stage's selections for a `Narrowed` one."""
+
+    translations: dict[str, str] | None = None
+    selections: Any = None
+
+
+@dataclass
+class Evidence:
+    """Everything beside the generations that `score` may read."""
+
+    judgments: Rows | None = None
+    labels: str | None = None  # evaluate.labels: human labels for the judge panel's kappa
+    detected: dict | None = None  # (setting, lang, model, item_id) -> detected language
+    features: Rows | None = None  # the features stage's scored rows
+
+
+# ---------------------------------------------------------------------------------------
+# capabilities: a study declares one by subclassing it
+
+
+class Translated(Study):
+    """Some settings read documents machine-translated by the translate stage."""
+
+    @abstractmethod
+    def needs_translation(self, setting: str) -> bool: ...
+
+    def translation_source(self, opts: Opts) -> str:
+        """The translate.documents entry whose English translations the settings read."""
+        return opts["translations"]
+
+
+class Narrowed(Study):
+    """The narrow stage ranks the study's sentences (CROSS)."""
+
+    @abstractmethod
+    def needs_selection(self, setting: str) -> bool: ...
+
+    @abstractmethod
+    def selection_lang(self, lang: str) -> str:
+        """A prompt set's language -> the narrow cell's (context) language."""
+
+    @abstractmethod
+    def narrow_langs(self, opts: Opts) -> list[str]: ...
+
+    @abstractmethod
+    def narrow_options(self, opts: Opts, lang: str) -> dict:
+        """The part of the options a narrow cell depends on (its hash); has `data`."""
+
+    @abstractmethod
+    def narrow_inputs(self, opts: Opts, lang: str) -> dict:
+        """{"sentences": {id: text}, "queries": {id: text}} to embed."""
+
+    @abstractmethod
+    def select(self, opts: Opts, lang: str, vectors: Mapping) -> Rows: ...
+
+    @abstractmethod
+    def hits_at(self, selections: Sequence[Mapping], ks: Sequence[int]) -> dict[str, float]: ...
+
+
+class Judged(Study):
+    """A judge panel rates each generation."""
+
+    @abstractmethod
+    def judge_rows(self, opts: Opts, generations: Rows) -> Rows: ...
+
+    @abstractmethod
+    def judge_parser(self, opts: Opts) -> str: ...
+
+
+class PairJudged(Study):
+    """A judge compares the generations of two models on the same item."""
+
+    @abstractmethod
+    def pair_rows(self, opts: Opts, generations: Rows) -> Rows: ...
+
+    @abstractmethod
+    def judge_parser(self, opts: Opts) -> str: ...
+
+
+class Featured(Study):
+    """The features stage scores the generations (lexical, langid, NLI, reranker, LLM)."""
+
+    @abstractmethod
+    def scorers(self, opts: Opts) -> list[str]: ...
+
+    @abstractmethod
+    def feature_inputs(self, opts: Opts, scorer: str, lang: str, generations: Rows) -> Rows: ...
+
+    @abstractmethod
+    def lexical_scores(self, opts: Opts, rows: Rows) -> Rows: ...
+
+    @abstractmethod
+    def langid_langs(self, opts: Opts) -> list[str]:
+        """The languages the langid scorer tells apart."""
+
+    @abstractmethod
+    def llm_feature_names(self, opts: Opts) -> list[str]:
+        """The names of the LLM-scored features (for the features stage's messages)."""
+
+
+def judge_scope(study: Study) -> str:
+    """What the judge stage rates: single generations or pairs of them."""
+    return "pairs" if isinstance(study, PairJudged) else "generation"
