@@ -215,6 +215,50 @@ class Stage(ABC):
         return {}
 
 
+class DriverStage(Stage):
+    """A stage that runs in the driver, cell by cell, without Ray (evaluate). `run_cell`
+    computes one cell and returns what its manifest adds; `run_driver` skips done cells and
+    writes every manifest the same way (`driver_manifest`), provenance included."""
+
+    def read(self, cell: Cell, cfg: XlingConfig):  # pragma: no cover - driver stage
+        raise NotImplementedError(f"{self.name} runs in the driver: call run_driver")
+
+    def map(self, ds, cells: list[Cell], cfg: XlingConfig):  # pragma: no cover
+        raise NotImplementedError(f"{self.name} runs in the driver: call run_driver")
+
+    @abstractmethod
+    def run_cell(self, cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -> dict:
+        """Compute and write one cell's files; return the manifest's stage-specific fields
+        (`rows`, `errors`, `files`...)."""
+
+    def after_driver(self, cfg: XlingConfig, store: RunStore, *, log=print) -> None:
+        """Work over every cell once they are done (e.g. tables across cells)."""
+
+    def run_driver(self, cfg: XlingConfig, store: RunStore, *, force: bool = False,
+                   log=print) -> list[dict]:
+        out = []
+        for cell in self.cells(cfg):
+            if not force and store.read_json_or_none(f"{cell.dir}/_manifest.json"):
+                log(f"[{self.name}] {cell.id}: done earlier, skipped")
+                continue
+            t0 = time.time()
+            fields = self.run_cell(cfg, store, cell, log=log)
+            out.append(write_driver_manifest(store, cell, fields, seconds=time.time() - t0))
+        self.after_driver(cfg, store, log=log)
+        return out
+
+
+def write_driver_manifest(store: RunStore, cell: Cell, fields: dict, *,
+                          seconds: float) -> dict:
+    """The manifest of a driver cell: identity, code version and provenance, then `fields`."""
+    manifest = {"stage": cell.stage, "cell": cell.id, "key": cell.key, "params": cell.params,
+                "config_hash": cell.hash, "code_version": code_version(), "n_shards": 1,
+                **fields, "provenance": provenance(),
+                "timings": {"this_run_seconds": round(seconds, 3)}, "finished_at": now()}
+    store.write_json(f"{cell.dir}/_manifest.json", manifest)
+    return manifest
+
+
 class StageFailed(RuntimeError):
     pass
 
