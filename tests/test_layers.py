@@ -1,13 +1,17 @@
 """The layer rules of docs/design.md, enforced on the source: a broken rule fails here.
 
-    cli.py, config.py   know every stage (the top)
+    cli.py, config.py,  know every stage (the top)
+    pipeline.py
     jobs/               one module per stage, plus the study glue
     core/               config machinery, run store, runner, pools, sources, LLM calls
-    actors/, tasks/     engines in actors, pure study/IR logic in tasks (the bottom)
+    studies/            one package per paper behind studies/base.py's interface
+    actors/, tasks/     engines in actors, the study-independent library in tasks (the bottom)
     dev/                tiny models, local S3 and Ray for tests, benchmarks and the demo
 
 Imports only point down. Imports under `if TYPE_CHECKING:` are for type checkers, never run,
-and are left out (jobs/ annotates with the top-level `XlingConfig` that way).
+and are left out (jobs/ annotates with the top-level `XlingConfig` that way). Nothing above
+studies/ names a study: it reaches them through `xling.studies.base` and
+`xling.studies.registry` only.
 """
 
 from __future__ import annotations
@@ -24,12 +28,17 @@ HEAVY = ("ray", "torch", "transformers", "vllm", "ctranslate2", "FlagEmbedding",
 # layer -> what its modules may not import
 FORBIDDEN = {
     "tasks": ("xling.jobs", "xling.core", "xling.actors", "xling.dev", "xling.cli",
-              "xling.config", *HEAVY),
+              "xling.config", "xling.pipeline", "xling.studies", *HEAVY),
+    "studies": ("xling.jobs", "xling.core", "xling.actors", "xling.dev", "xling.cli",
+                "xling.config", "xling.pipeline", *HEAVY),
     "actors": ("xling.jobs", "xling.core", "xling.tasks", "xling.dev", "xling.cli",
-               "xling.config"),
-    "core": ("xling.jobs", "xling.cli", "xling.config", "xling.dev"),
-    "jobs": ("xling.cli", "xling.config", "xling.dev"),
+               "xling.config", "xling.pipeline", "xling.studies"),
+    "core": ("xling.jobs", "xling.cli", "xling.config", "xling.pipeline", "xling.dev"),
+    "jobs": ("xling.cli", "xling.config", "xling.pipeline", "xling.dev"),
 }
+# What code outside studies/ may import of it: the interface and the registry, no study.
+STUDY_API = ("xling.studies.base", "xling.studies.registry")
+STUDY_USERS = ("jobs", "core", "config.py", "cli.py", "pipeline.py")
 # The only modules outside dev/ that may import dev/: the CLI commands that build tiny models
 # or start local services.
 DEV_USERS = ("xling/cli.py",)
@@ -77,6 +86,21 @@ def violations(layer: str, root: Path = PKG) -> list[str]:
         for line, name in imports_of(path, root.parent):
             for banned in FORBIDDEN[layer]:
                 if _hits(name, banned):
+                    bad.append(f"{path.relative_to(root.parent)}:{line} imports {name}")
+    return sorted(set(bad))
+
+
+def study_violations(root: Path = PKG) -> list[str]:
+    """Imports of a study package (or anything of studies/ but its interface) from jobs/,
+    core/, config.py, cli.py and pipeline.py."""
+    bad = []
+    for where in STUDY_USERS:
+        paths = sorted((root / where).rglob("*.py")) if (root / where).is_dir() else \
+            [root / where] if (root / where).is_file() else []
+        for path in paths:
+            for line, name in imports_of(path, root.parent):
+                if _hits(name, "xling.studies") and name != "xling.studies" and not any(
+                        _hits(name, api) for api in STUDY_API):
                     bad.append(f"{path.relative_to(root.parent)}:{line} imports {name}")
     return sorted(set(bad))
 
@@ -143,6 +167,31 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layer_rules_hold(layer):
     assert violations(layer) == []
+
+
+def test_nothing_outside_studies_names_a_study():
+    assert study_violations() == []
+
+
+def test_study_checker_catches_each_planted_violation(tmp_path):
+    pkg = _plant(tmp_path, {
+        "jobs/leak.py": "from xling.studies.mirage.study import LANGS\n",
+        "core/leak.py": "def f():\n    import xling.studies.cross\n",
+        "config.py": "from xling.studies.xrag import study\n",
+        "pipeline.py": "from xling.studies import cross\n",
+        "jobs/fine.py": "from xling.studies.base import Judged\n"
+                        "from xling.studies.registry import get_study\nimport xling.studies\n",
+        "tasks/leak.py": "from xling.studies.registry import get_study\n",
+        "studies/xrag/bad.py": "from xling.core.store import RunStore\n",
+    })
+    found = study_violations(pkg)
+    assert any(v.startswith("xling/jobs/leak.py:1") for v in found)
+    assert any(v.startswith("xling/core/leak.py:2") for v in found)  # inside a function too
+    assert any(v.startswith("xling/config.py:1") for v in found)
+    assert any(v.startswith("xling/pipeline.py:1") for v in found)
+    assert not any("fine.py" in v for v in found)
+    assert any("xling.studies.registry" in v for v in violations("tasks", pkg))
+    assert any("xling.core.store" in v for v in violations("studies", pkg))
 
 
 def test_only_the_cli_imports_dev():
@@ -212,5 +261,5 @@ def test_checker_catches_a_planted_cycle(tmp_path):
     })
     found = cycles(module_graph(pkg))
     assert ["xling.jobs.generate", "xling.jobs.judge", "xling.jobs.study"] in found
-    assert ["xling.tasks.corpora", "xling.studies.xrag.study"] in found
+    assert ["xling.tasks.corpora", "xling.tasks.xrag"] in found
     assert len(found) == 2

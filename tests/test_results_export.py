@@ -4,7 +4,7 @@ their metrics rows (`pandas.read_parquet(cell_dir)`): the per-item rows, the tab
 plots start with `_`.
 
 No Ray: the retrieve cells are written by hand into a local run root and the evaluate stage
-runs in the driver, as it always does; the study cell goes through `run_evaluate` with a
+runs in the driver, as it always does; the study cell goes through `run_study_cell` with a
 stand-in study module. Seconds.
 """
 
@@ -18,10 +18,11 @@ import pytest
 
 from xling import cli
 from xling.config import validate_config
-from xling.core.runner import Cell, read_cell
+from xling.core.runner import Cell, read_cell, write_driver_manifest
 from xling.core.store import RunStore
 from xling.jobs import evaluate as E
 from xling.core.results import export_trec_runs, latex_table, metrics_table, pyserini_run_name
+from xling.studies.base import Rendered
 from xling.tasks.runs import HITS_SCHEMA
 
 QRELS = "q1 0 d1 1\nq1 0 d2 0\nq2 0 d3 2\nq3 0 d4 1\n"  # q3: no run answers it
@@ -70,7 +71,9 @@ def run_ir(tmp_path, **evaluate):
     store = RunStore(cfg.run_root)
     write_runs(cfg, store)
     [cell] = E.evaluate_cells(cfg)
-    manifest = E.evaluate_cell(cfg, store, cell, log=lambda *_: None)
+    [manifest] = E.EvaluateStage().run_driver(cfg, store, log=lambda *_: None)
+    assert manifest == store.read_json(f"{cell.dir}/_manifest.json")
+    assert manifest["provenance"]  # every driver manifest carries it
     return cfg, store, cell, manifest
 
 
@@ -125,15 +128,18 @@ def test_study_cell_reads_as_its_metrics_rows(tmp_path, monkeypatch):
                                                 "errors": 0, "n_shards": 1})
     metrics = [{"study": "s", "setting": "x", "lang": "de", "model": "m", "metric": "acc",
                 "value": 1.0, "ci_low": None, "ci_high": None, "n": 3}]
+    # a scripted study: only the evaluate cell's control flow is under test here
     fake = types.SimpleNamespace(
-        score=lambda opts, gens, judgments: ([{"item_id": g["item_id"], "ok": True}
-                                              for g in gens], metrics),
-        tables=lambda m: "| acc |\n", plots=lambda m: {"acc.png": b"\x89PNG fake"})
-    monkeypatch.setattr(S, "study_module", lambda cfg: fake)
+        score_columns=(),
+        score=lambda opts, gens, evidence: ([{"item_id": g["item_id"], "ok": True}
+                                             for g in gens], metrics),
+        render=lambda opts, items, m: Rendered("| acc |\n", {"acc.png": b"\x89PNG fake"}))
+    monkeypatch.setattr(S, "study_of", lambda cfg: fake)
     cell = Cell("evaluate", {"study": "s"},
                 {"options": {}, "generations": [gen], "judgments": [], "labels": None,
                  "language_check": False})
-    m = S.run_evaluate(None, store, cell, log=lambda *_: None)
+    m = write_driver_manifest(store, cell, S.run_study_cell(None, store, cell,
+                                                            log=lambda *_: None), seconds=0)
     df = pd.read_parquet(store.fs_path(cell.dir))
     assert pa.Table.from_pandas(df, preserve_index=False).to_pylist() == metrics
     assert m["items"]["file"] == "_items.parquet" and m["table"] == "_table.md"

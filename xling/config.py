@@ -7,7 +7,6 @@ has the machinery (strict models, hashing, overrides, error formatting).
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +25,8 @@ from xling.jobs.rerank import RerankConfig
 from xling.jobs.retrieve import RetrieveConfig
 from xling.jobs.study import StudyConfig
 from xling.jobs.translate import TranslateConfig
+from xling.studies.base import Narrowed
+from xling.studies.registry import NAMES, get_study
 
 __all__ = ["ConfigError", "STAGE_ORDER", "XlingConfig", "load_config", "validate_config"]
 
@@ -72,23 +73,23 @@ class XlingConfig(Strict):
 
     @model_validator(mode="after")
     def _study_links(self) -> "XlingConfig":
-        if self.narrow is not None and (self.study is None or not hasattr(
-                importlib.import_module(f"xling.studies.{self.study.task}.study"), "narrow_langs")):
+        study = get_study(self.study.task) if self.study is not None else None
+        if self.narrow is not None and not isinstance(study, Narrowed):
+            narrowing = [n for n in NAMES if isinstance(get_study(n), Narrowed)]
             raise ValueError("narrow ranks the sentences of a study that narrows long contexts: "
-                             "it needs a `study:` section with task: cross (remove `narrow:` "
-                             "otherwise)")
-        if self.study is not None and self.study.task == "cross" and self.narrow is None \
-                and "cross" in self.study.options["methods"]:
-            raise ValueError("study 'cross' with method cross needs a `narrow:` section (the "
-                             "sentence embedder, e.g. `narrow: {model: BAAI/bge-m3}`), or "
-                             "study.options.methods without cross")
+                             f"it needs a `study:` section with task: {' or '.join(narrowing)} "
+                             "(remove `narrow:` otherwise)")
+        for section, why in (study.required_sections(self.study.options).items()
+                             if study is not None else ()):
+            if getattr(self, section) is None:
+                raise ValueError(why)
         for name in ("judge", "features"):
             if getattr(self, name) is not None and (self.study is None or self.generate is None):
                 raise ValueError(f"{name} scores a study's generations: it needs `study:` and "
                                  "`generate:` sections")
         if self.generate is not None and not self.generate.prompts and self.study is None:
             raise ValueError("generate needs prompts: list files under generate.prompts, or add "
-                             "a `study:` section whose tasks/ module builds them")
+                             "a `study:` section whose study package builds them")
         if self.evaluate is not None and self.evaluate.labels is not None:
             if self.judge is None:
                 raise ValueError("evaluate.labels (kappa of the judge panel) needs a `judge:` "

@@ -22,6 +22,7 @@ from pydantic import Field, field_validator, model_validator
 from xling.core.config import ConfigError, Strict, check_lang
 from xling.core.runner import RID, Source
 from xling.core.store import RunStore
+from xling.studies.registry import DOCUMENT_FORMATS, get_study
 
 # ---------------------------------------------------------------------------------------
 # config: the input file sets every stage reads (corpora, topics)
@@ -45,8 +46,8 @@ class _Source(Strict):
 class CorpusSpec(_Source):
     """A document collection in one of the published formats (see tasks/corpora.py)."""
 
-    format: Literal["mrtydi", "miracl", "ciral", "neuclir", "jsonl", "parquet", "clef",
-                    "xrag"] = "mrtydi"
+    format: Literal[("mrtydi", "miracl", "ciral", "neuclir", "jsonl", "parquet",  # type: ignore
+                     "clef", *DOCUMENT_FORMATS)] = "mrtydi"
     path: str = Field(description="file or glob (local or s3://); `{lang}` is replaced by each "
                                   "language code; .gz files are read compressed")
     # Only for format=jsonl / parquet: which fields hold id / title / text.
@@ -171,13 +172,18 @@ def _read_document_files(batch: pa.Table, *, spec: dict, lang: str):
     from xling.tasks.corpora import iter_documents, iter_parquet_documents
 
     fields = {k: spec[k] for k in ("id_field", "title_field", "text_field")}
-    parquet = spec["format"] == "parquet"
+    fmt = spec["format"]
+    parquet = fmt == "parquet"
     for path in batch["path"].to_pylist():
         with _open(path, random_access=parquet) as f:
-            rows = (iter_parquet_documents(f, lang=lang, source_name=spec["name"], **fields)
-                    if parquet else
-                    iter_documents(f, fmt=spec["format"], lang=lang, source=spec["name"],
-                                   encoding=spec["encoding"], **fields))
+            if parquet:
+                rows = iter_parquet_documents(f, lang=lang, source_name=spec["name"], **fields)
+            elif fmt in DOCUMENT_FORMATS:  # a study's own layout (XRAG's articles)
+                rows = get_study(DOCUMENT_FORMATS[fmt]).read_documents(
+                    fmt, f, lang=lang, source=spec["name"])
+            else:
+                rows = iter_documents(f, fmt=fmt, lang=lang, source=spec["name"],
+                                      encoding=spec["encoding"], **fields)
             yield from _blocks(rows, DOCUMENTS)
 
 

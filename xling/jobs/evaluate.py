@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import io
 import math
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -40,7 +39,7 @@ import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
 from xling.core.config import ConfigError, NoHash, Strict, hashable
-from xling.core.runner import TABLE, Cell, Stage, code_version, now, read_cell
+from xling.core.runner import TABLE, Cell, DriverStage, read_cell
 from xling.core.store import RunStore
 
 if TYPE_CHECKING:
@@ -168,35 +167,22 @@ def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
     return cells
 
 
-class EvaluateStage(Stage):
+class EvaluateStage(DriverStage):
     name = "evaluate"
-    driver = True  # runs in the driver: see the module docstring
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return evaluate_cells(cfg)
 
-    def read(self, cell, cfg):  # pragma: no cover - driver stage
-        raise NotImplementedError
+    def run_cell(self, cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -> dict:
+        if "study" in cell.key:
+            from xling.jobs.study import run_study_cell
 
-    def map(self, ds, cells, cfg):  # pragma: no cover - driver stage
-        raise NotImplementedError
+            return run_study_cell(cfg, store, cell, log=log)
+        return evaluate_cell(cfg, store, cell, log=log)
 
-    def run_driver(self, cfg: XlingConfig, store: RunStore, *, force: bool = False,
-                   log=print) -> list[dict]:
-        out = []
-        for cell in self.cells(cfg):
-            if not force and store.read_json_or_none(f"{cell.dir}/_manifest.json"):
-                log(f"[evaluate] {cell.id}: done earlier, skipped")
-                continue
-            if "study" in cell.key:
-                from xling.jobs.study import run_evaluate
-
-                out.append(run_evaluate(cfg, store, cell, log=log))
-            else:
-                out.append(evaluate_cell(cfg, store, cell, log=log))
+    def after_driver(self, cfg: XlingConfig, store: RunStore, *, log=print) -> None:
         if cfg.retrieve is not None:
             write_pair_tables(cfg, store, log=log)
-        return out
 
 
 def _read_qrels(path: str) -> pa.Table:
@@ -227,10 +213,10 @@ def _collection_ids(cfg: XlingConfig, store: RunStore, cell: Cell) -> set[str] |
 
 
 def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -> dict:
+    """One IR cell's metric rows and table; returns the manifest's fields."""
     from xling.tasks import irmetrics
     from xling.tasks.runs import read_trec_run
 
-    t0 = time.time()
     ec = cfg.evaluate
     expected = read_expected(ec.expected)  # a bad file fails before any work
     ts = next(t for t in cfg.retrieve.topics if t.name == cell.key["topics"])
@@ -323,9 +309,8 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
     md = markdown_table(cell, ec.metrics, means, comparisons, unknown, checks=checks,
                         tolerance=expected["tolerance"] if expected else None)
     store.write_bytes(f"{cell.dir}/{TABLE}", md.encode())
-    manifest = {"stage": "evaluate", "cell": cell.id, "key": cell.key, "params": cell.params,
-                "config_hash": cell.hash, "code_version": code_version(), "n_shards": 1,
-                "rows": table.num_rows, "errors": 0, "files": ["part-00000.parquet"],
+    log(f"[evaluate] {cell.id}: {len(systems)} systems -> {store.url(cell.dir)}\n{md}")
+    return {"rows": table.num_rows, "errors": 0, "files": ["part-00000.parquet"],
                 "queries": {s: len(per_query[s]) for s in systems}, "average": ec.average,
                 "answered": {s: pc.count_distinct(runs[s]["query_id"]).as_py()
                              if runs[s].num_rows else 0 for s in systems},
@@ -333,12 +318,7 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
                 "unknown_doc_ids": unknown, "table": TABLE,
                 **({"expected": {"file": ec.expected, "tolerance": expected["tolerance"],
                                  "ok": all(c["ok"] for c in checks), "checks": checks}}
-                   if checks else {}),
-                "timings": {"this_run_seconds": round(time.time() - t0, 3)},
-                "finished_at": now()}
-    store.write_json(f"{cell.dir}/_manifest.json", manifest)
-    log(f"[evaluate] {cell.id}: {len(systems)} systems -> {store.url(cell.dir)}\n{md}")
-    return manifest
+                   if checks else {})}
 
 
 def read_expected(path: str | None) -> dict | None:

@@ -1,7 +1,7 @@
 """`features` stage: model-scored features of a study's generations -> scored rows.
 
 One cell per (setting, language, scorer) of the scorers the study asks for
-(`tasks/<study>.scorers`). A cell reads every model's generations of its (setting, language),
+(`Featured.scorers`, xling/studies/base.py). A cell reads every model's generations of its (setting, language),
 so a scorer that compares answers (the overlap features use the reference model's answer)
 sees them all, and the study turns them into the scorer's inputs (`feature_inputs`):
 
@@ -32,6 +32,8 @@ from xling.core.models import resolve_model
 from xling.core.pools import actor_pool, pool_resources
 from xling.core.runner import CELL, RID, Cell, Stage, part_files, read_rows, require_done
 from xling.core.store import RunStore
+from xling.studies.base import Featured
+from xling.studies.registry import get_study
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -87,18 +89,18 @@ class FeaturesStage(Stage):
         raise NotImplementedError("the features stage scores a study's generations "
                                   "(jobs/study.py's StudyFeaturesStage)")
 
-    def study(self, cfg: XlingConfig):
+    def study(self, cfg: XlingConfig) -> Featured:
         raise NotImplementedError
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
-        mod, opts, fc = self.study(cfg), cfg.study.options, cfg.features
+        study, opts, fc = self.study(cfg), cfg.study.options, cfg.features
         gens: dict[tuple[str, str], list[Cell]] = {}
         for g in self.generation_cells(cfg):
             gens.setdefault((g.key["setting"], g.key["lang"]), []).append(g)
         cells = []
         for (setting, lang), gs in gens.items():
             dirs = sorted(g.dir for g in gs)
-            for scorer in mod.scorers(opts):
+            for scorer in study.scorers(opts):
                 params = {"generations": dirs, "options": opts, "scorer": scorer}
                 if scorer in ("nli", "reranker"):
                     params["model"] = hashable(getattr(fc, scorer))
@@ -124,7 +126,8 @@ class FeaturesStage(Stage):
         if "llm" in needed:
             if cfg.features.llm is None:
                 raise_config(f"study '{cfg.study.task}' asks for LLM-scored features "
-                             f"{list(self.study(cfg).SCORERS['llm'])}: set features.llm (the "
+                             f"{self.study(cfg).llm_feature_names(cfg.study.options)}: set "
+                             "features.llm (the "
                              "pointwise judge), or drop them from study.options.features")
             check_model(cfg.features.llm, "features.llm")
         if "generate" not in upstream:
@@ -161,9 +164,8 @@ class FeaturesStage(Stage):
         scorer = cells[0].key["scorer"]
         fc = cfg.features
         if scorer == "lexical":
-            mod = self.study(cfg).__name__
             return ds.map_batches(_lexical, batch_format="pyarrow", fn_kwargs={
-                "module": mod, "options": [c.params["options"] for c in cells]})
+                "study": cfg.study.task, "options": [c.params["options"] for c in cells]})
         if scorer == "llm":
             spec = fc.llm
             ds = ds.map_batches(_as_prompts, batch_format="pyarrow")
@@ -172,7 +174,9 @@ class FeaturesStage(Stage):
                                cache=fc.cache, where="features.llm")
             return ds.map_batches(_from_generations, batch_format="pyarrow")
         if scorer == "langid":
+            langs = self.study(cfg).langid_langs(cfg.study.options)
             return ds.map_batches(_LangIdBatch, batch_format="pyarrow", batch_size=256,
+                                  fn_constructor_kwargs={"langs": langs},
                                   compute=actor_pool(Parallelism(concurrency=(1, 1)),
                                                      key="features.langid"))
         spec = getattr(fc, scorer)
@@ -226,10 +230,8 @@ def _rows(batch: pa.Table, scores: list, *, outputs=None, cached=None, errors=No
     return out
 
 
-def _lexical(batch: pa.Table, *, module: str, options: list[dict]) -> pa.Table:
-    import importlib
-
-    mod = importlib.import_module(module)
+def _lexical(batch: pa.Table, *, study: str, options: list[dict]) -> pa.Table:
+    featured = get_study(study)
     rows = batch.to_pylist()
     scores, errors = [], []
     for r in rows:
@@ -238,7 +240,7 @@ def _lexical(batch: pa.Table, *, module: str, options: list[dict]) -> pa.Table:
             errors.append(r["error"])
             continue
         try:
-            scores.append(mod.lexical_scores(options[r[CELL]], [r])[0])
+            scores.append(featured.lexical_scores(options[r[CELL]], [r])[0])
             errors.append(r["error"])
         except Exception as e:  # one bad answer is an error row, the cell goes on
             scores.append(None)
@@ -248,14 +250,13 @@ def _lexical(batch: pa.Table, *, module: str, options: list[dict]) -> pa.Table:
 
 class _LangIdBatch:
     """Language-id probabilities over every language lingua can tell apart among the
-    MIRAGE-Bench set (a language outside the candidates gets probability 0)."""
+    study's languages (a language outside the candidates gets probability 0)."""
 
-    def __init__(self):
+    def __init__(self, langs: list[str]):
         from xling.actors.langid import LanguageDetector
         from xling.tasks.languages import lingua_language
-        from xling.studies.mirage.study import LANGS
 
-        self.detector = LanguageDetector(sorted({lingua_language(c) for c in LANGS} - {None}))
+        self.detector = LanguageDetector(sorted({lingua_language(c) for c in langs} - {None}))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         probs = self.detector.probabilities(batch["text"].to_pylist())

@@ -1,5 +1,5 @@
 """`narrow` stage: rank each long context's sentences against a query and keep the top k
-(CROSS, cross-mlongrr.txt L53-55), for studies that declare narrowing (`tasks/cross.py`).
+(CROSS, cross-mlongrr.txt L53-55), for studies that declare narrowing (`studies.base.Narrowed`).
 
 One cell per (study, context language):
 
@@ -22,7 +22,6 @@ cached or not); the manifest counts sentences (total and distinct), cache hits, 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,6 +34,8 @@ from xling.core.pools import actor_pool, pool_resources
 from xling.core.runner import RID, Cell, Stage, part_files
 from xling.core.store import RunStore
 from xling.core.vectors import StoreEmbedder, cache_dir, vector_matrix
+from xling.studies.base import Narrowed
+from xling.studies.registry import get_study
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -61,15 +62,15 @@ class NarrowConfig(Strict):
 SELECTIONS = "_selections.parquet"  # beside the part files; "_" keeps it out of dataset reads
 
 
-def _study(cfg: XlingConfig):
+def _study(cfg: XlingConfig) -> Narrowed:
     if cfg.study is None:
         raise ConfigError("narrow ranks a study's sentences: add a `study:` section (e.g. "
                           "task: cross)")
-    mod = importlib.import_module(f"xling.studies.{cfg.study.task}.study")
-    if not hasattr(mod, "narrow_langs"):
+    study = get_study(cfg.study.task)
+    if not isinstance(study, Narrowed):
         raise ConfigError(f"narrow: study '{cfg.study.task}' declares no narrowing; remove the "
                           "`narrow:` section or use a study that narrows (cross)")
-    return mod
+    return study
 
 
 def vector_settings(nc: NarrowConfig) -> dict:
@@ -81,10 +82,10 @@ class NarrowStage(Stage):
     name = "narrow"
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
-        mod, opts, nc = _study(cfg), cfg.study.options, cfg.narrow
+        study, opts, nc = _study(cfg), cfg.study.options, cfg.narrow
         out = []
-        for clang in mod.narrow_langs(opts):
-            o = mod.narrow_options(opts, clang)
+        for clang in study.narrow_langs(opts):
+            o = study.narrow_options(opts, clang)
             out.append(Cell("narrow", {"study": cfg.study.task, "lang": clang},
                             {"model": nc.model, "vectors": vector_settings(nc), "options": o},
                             inputs=[d["path"] for d in o["data"]], n_shards=nc.shards))
@@ -129,13 +130,13 @@ class NarrowStage(Stage):
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         import pyarrow.compute as pc
 
-        mod, opts, clang = _study(cfg), cell.params["options"], cell.key["lang"]
+        study, opts, clang = _study(cfg), cell.params["options"], cell.key["lang"]
         t = store.read_parquet(part_files(store, cell.dir),
                                columns=[RID, "kind", "vector", "n_tokens", "cached", "error"])
         ok = t.filter(pc.is_null(t["error"]))
         vectors = {rid[2:] if rid.startswith("s:") else rid: vec
                    for rid, vec in zip(ok[RID].to_pylist(), vector_matrix(ok["vector"]))}
-        selections = mod.select(opts, clang, vectors)
+        selections = study.select(opts, clang, vectors)
         store.write_parquet(f"{cell.dir}/{SELECTIONS}", pa.Table.from_pylist(selections))
         kinds = t["kind"].to_pylist()
         cached = t["cached"].to_pylist()
@@ -143,7 +144,7 @@ class NarrowStage(Stage):
         # The counts come from what read() wrote and select() made; no second pass over the
         # contexts. Every context has a row per query language, each with its sentence count.
         per_context = {s["context_id"]: s for s in selections}
-        hits = mod.hits_at(selections, opts["ks"])
+        hits = study.hits_at(selections, opts["ks"])
         return {"narrow": {
             "contexts": len(per_context),
             "context_errors": sum(1 for s in per_context.values() if s.get("n_sentences") is None),

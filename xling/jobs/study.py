@@ -1,16 +1,15 @@
-"""Studies as data: the glue between a config's `study:` section and its tasks/ module.
+"""Studies as data: the glue between a config's `study:` section and its study package.
 
-A study is a module `xling/tasks/<task>.py` plus a config. The module says which
-(setting, language) prompt sets the study has, builds their prompt rows, names their
-output parser, and turns generations (and judgments) into metrics and the paper's tables.
-This file turns that into the generate, judge and evaluate stages' cells and inputs, so
-adding a setting, a language or a model to a study touches no job code.
+A study is a package `xling/studies/<task>/` behind `xling.studies.base.Study`, plus a
+config. The study says which (setting, language) prompt sets it has, builds their prompt
+rows, names their output parser, and turns generations (and judgments, features) into
+metrics and the paper's tables. This file turns that into the generate, judge, features and
+evaluate stages' cells and inputs through the interface alone (capabilities are asked with
+isinstance), so adding a study, a setting, a language or a model touches no job code.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
@@ -24,6 +23,9 @@ from xling.jobs.generate import GenerateStage
 from xling.jobs.judge import JudgeStage
 from xling.jobs.narrow import NarrowStage, narrow_cell, read_selections
 from xling.jobs.translate import TranslateStage, translate_cell
+from xling.studies.base import (Evidence, Featured, Judged, Narrowed, PairJudged, Study, StudyInputs,
+                                Translated, judge_scope)
+from xling.studies.registry import NAMES, get_study
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -33,31 +35,52 @@ if TYPE_CHECKING:
 # config: the `study:` section
 
 
-STUDIES = ("xrag", "bordirlines", "mirage", "cross")  # modules under xling/tasks/
-
-
 class StudyConfig(Strict):
-    """`study`: a study's tasks/ module (`xling/tasks/<task>.py`) and its options. The module
-    builds the generate stage's prompts, the judge prompts, and the metrics and tables of
-    the evaluate stage; `options` are checked by the module's `check_options`."""
+    """`study`: a study package (`xling/studies/<task>/`) and its options. The study builds
+    the generate stage's prompts, the judge prompts, and the metrics and tables of the
+    evaluate stage; `options` are validated by the study's Options model."""
 
-    task: Literal[STUDIES]  # type: ignore[valid-type]
-    options: dict = Field(default_factory=dict, description="the study's options (see the "
-                                                            "module's check_options)")
+    task: Literal[NAMES] = Field(  # type: ignore[valid-type]
+        description=f"the study: {' | '.join(NAMES)} (xling/studies/<task>/)")
+    options: dict = Field(default_factory=dict, description="the study's options (its Options "
+                                                            "model: xling/studies/<task>/options.py)")
 
-    @model_validator(mode="after")
-    def _options(self) -> "StudyConfig":
-        import importlib
+    @model_validator(mode="before")
+    @classmethod
+    def _options(cls, data):
+        from pydantic import ValidationError
 
-        module = importlib.import_module(f"xling.studies.{self.task}.study")
-        object.__setattr__(self, "options", module.check_options(dict(self.options)))
-        return self
+        if not isinstance(data, dict) or data.get("task") not in NAMES:
+            return data  # the Literal reports the unknown task
+        study = get_study(data["task"])
+        try:
+            options = study.validate_options(data.get("options"))
+        except ValidationError as e:  # re-rooted under `options`, so errors name the key
+            raise ValidationError.from_exception_data(
+                cls.__name__, [_option_error(study, err) for err in e.errors()]) from None
+        return {**data, "options": options}
 
 
+def _option_error(study: Study, err: dict):
+    """One error of a study's Options, located under `options`; an unknown key names the
+    close one and the valid keys, as every other config error does."""
+    import difflib
+
+    from pydantic_core import InitErrorDetails
+
+    loc = ("options", *err["loc"])
+    if err["type"] != "extra_forbidden" or len(err["loc"]) != 1:
+        return InitErrorDetails(type=err["type"], loc=loc, input=err["input"],
+                                ctx=err.get("ctx", {}))
+    valid = sorted(study.Options.model_fields)
+    close = difflib.get_close_matches(str(err["loc"][0]), valid, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return InitErrorDetails(type="value_error", loc=loc, input=err["input"], ctx={
+        "error": ValueError(f"unknown key. Fix: {hint}Valid keys here: {', '.join(valid)}")})
 
 
-def study_module(cfg: XlingConfig) -> ModuleType:
-    return importlib.import_module(f"xling.studies.{cfg.study.task}.study")
+def study_of(cfg: XlingConfig) -> Study:
+    return get_study(cfg.study.task)
 
 
 def prompt_sets(cfg: XlingConfig) -> list[dict]:
@@ -65,26 +88,27 @@ def prompt_sets(cfg: XlingConfig) -> list[dict]:
     machine-translated documents) the translate cell that holds the translations."""
     from xling.core.runner import StageFailed
 
-    mod, opts = study_module(cfg), cfg.study.options
-    files = mod.input_files(opts)
+    study, opts = study_of(cfg), cfg.study.options
+    files = study.input_files(opts)
     out = []
-    for pc in mod.prompt_cells(opts):
-        ps = {"study": cfg.study.task, "setting": pc["setting"], "lang": pc["lang"],
-              "parser": mod.parser_for(pc["setting"]), "options": opts, "files": files}
-        if getattr(mod, "needs_translation", lambda s: False)(pc["setting"]):
-            source = opts["translations"]
+    for pset in study.prompt_sets(opts):
+        setting, lang = pset.setting, pset.lang
+        ps = {"study": cfg.study.task, "setting": setting, "lang": lang,
+              "parser": study.parser_for(setting), "options": opts, "files": files}
+        if isinstance(study, Translated) and study.needs_translation(setting):
+            source = study.translation_source(opts)
             try:
                 if cfg.translate is None:
                     raise StageFailed("no translate section")
-                ps["translation"] = translate_cell(cfg, "doc", source, pc["lang"], "en").id
+                ps["translation"] = translate_cell(cfg, "doc", source, lang, "en").id
             except StageFailed:
                 raise ConfigError(
-                    f"study setting '{pc['setting']}' ({pc['lang']}) reads the {pc['lang']} "
-                    f"articles machine-translated to English: add translate.documents entry "
-                    f"'{source}' (format: {cfg.study.task}) with langs including {pc['lang']} "
+                    f"study setting '{setting}' ({lang}) reads the {lang} articles "
+                    f"machine-translated to English: add translate.documents entry "
+                    f"'{source}' (format: {cfg.study.task}) with langs including {lang} "
                     "and targets [en]") from None
-        if getattr(mod, "needs_selection", lambda s: False)(pc["setting"]):
-            ps["selection"] = narrow_cell(cfg, mod.split_cell_lang(pc["lang"])[1]).id
+        if isinstance(study, Narrowed) and study.needs_selection(setting):
+            ps["selection"] = narrow_cell(cfg, study.selection_lang(lang)).id
         out.append(ps)
     if not out:
         raise ConfigError(f"study '{cfg.study.task}': the options select no prompt set "
@@ -112,13 +136,13 @@ def prompt_rows(cfg: XlingConfig, ps: dict) -> pa.Table:
     from xling.tasks.prompts import built_prompt_table
 
     store = RunStore(cfg.run_root)
-    tr = translations(cfg, store, ps["translation"]) if "translation" in ps else None
-    extra = {}
+    inputs = StudyInputs()
+    if "translation" in ps:
+        inputs.translations = translations(cfg, store, ps["translation"])
     if "selection" in ps:
         cell = next(c for c in NarrowStage().cells(cfg) if c.id == ps["selection"])
-        extra["selections"] = read_selections(store, cell)
-    rows = study_module(cfg).build_prompts(ps["options"], ps["setting"], ps["lang"],
-                                           translations=tr, **extra)
+        inputs.selections = read_selections(store, cell)
+    rows = study_of(cfg).build_prompts(ps["options"], ps["setting"], ps["lang"], inputs=inputs)
     return built_prompt_table(rows, where=f"{ps['setting']}.{ps['lang']}")
 
 
@@ -167,17 +191,24 @@ class StudyJudgeStage(JudgeStage):
     def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
         return study_generations(cfg)
 
+    def judged(self, cfg: XlingConfig) -> Judged | PairJudged:
+        study = study_of(cfg)
+        if not isinstance(study, (Judged, PairJudged)):
+            raise ConfigError(f"judge: study '{cfg.study.task}' has no judge prompts; remove the "
+                              "`judge:` section")
+        return study
+
     def judge_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
-        return study_module(cfg).judge_rows(cell.params["options"], gens)
+        return self.judged(cfg).judge_rows(cell.params["options"], gens)
 
     def scope(self, cfg: XlingConfig) -> str:
-        return getattr(study_module(cfg), "JUDGE_SCOPE", "generation")
+        return judge_scope(study_of(cfg))
 
     def parser(self, cfg: XlingConfig) -> str:
-        return study_module(cfg).judge_parser(cfg.study.options)
+        return self.judged(cfg).judge_parser(cfg.study.options)
 
     def pair_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
-        return study_module(cfg).pair_rows(cell.params["options"], gens)
+        return self.judged(cfg).pair_rows(cell.params["options"], gens)
 
 
 class StudyFeaturesStage(FeaturesStage):
@@ -186,19 +217,23 @@ class StudyFeaturesStage(FeaturesStage):
     def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
         return study_generations(cfg)
 
-    def study(self, cfg: XlingConfig) -> ModuleType:
-        return study_module(cfg)
+    def study(self, cfg: XlingConfig) -> Featured:
+        study = study_of(cfg)
+        if not isinstance(study, Featured):
+            raise ConfigError(f"features: study '{cfg.study.task}' scores no features; remove "
+                              "the `features:` section")
+        return study
 
 
 def evaluate_cell(cfg: XlingConfig) -> Cell:
     """The evaluate stage's one cell for the study: every generation (and judgment, and
     scored feature) of it; with published inputs (`source: published`), those files."""
-    mod = study_module(cfg)
-    ran = cfg.generate is not None and bool(mod.prompt_cells(cfg.study.options))
+    study = study_of(cfg)
+    ran = cfg.generate is not None and bool(study.prompt_sets(cfg.study.options))
     gens = [c.dir for c in study_generations(cfg)] if ran else []
     judged = [c.dir for c in StudyJudgeStage().cells(cfg)] if ran and cfg.judge else []
     scored = [c.dir for c in StudyFeaturesStage().cells(cfg)] if ran and cfg.features else []
-    files = mod.input_files(cfg.study.options) if not gens else []
+    files = study.input_files(cfg.study.options) if not gens else []
     labels = cfg.evaluate.labels
     params = {"generations": gens, "judgments": judged, "options": cfg.study.options,
               "language_check": bool(cfg.judge and cfg.judge.language_check
@@ -232,66 +267,48 @@ def detect_languages(opts: dict, gens: list[dict]) -> tuple[dict, dict]:
     return detected, {**detector.setting, "codes": codes}
 
 
-def run_evaluate(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -> dict:
-    """Score the study's generations the paper's way: items, metrics and the paper's tables."""
-    import time
+def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -> dict:
+    """Score the study's generations the paper's way: items, metrics and the paper's tables.
+    Returns the manifest's fields (jobs/evaluate.py writes the manifest)."""
+    import json
 
-    from xling.core.provenance import provenance
-    from xling.core.runner import code_version, now
+    from xling.core.runner import ITEMS, PLOTS, TABLE
 
-    t0 = time.time()
-    mod, opts = study_module(cfg), cell.params["options"]
+    study, opts = study_of(cfg), cell.params["options"]
     gens = read_rows(store, cell.params["generations"],
                      ["item_id", "study", "setting", "lang", "model", "parsed", "output", "error",
-                      *getattr(mod, "SCORE_COLUMNS", ())], "evaluate")
-    judgments, extra, check = None, {}, None
+                      *study.score_columns], "evaluate")
+    evidence, check = Evidence(), None
     if cell.params["judgments"]:
-        judgments = read_rows(store, cell.params["judgments"],
-                              ["item_id", "setting", "lang", "model", "judge", "verdict", "error"],
-                              "evaluate")
-        extra["labels"] = cell.params["labels"]
+        evidence.judgments = read_rows(
+            store, cell.params["judgments"],
+            ["item_id", "setting", "lang", "model", "judge", "verdict", "error"], "evaluate")
+        evidence.labels = cell.params["labels"]
         if cell.params["language_check"]:
-            extra["detected"], check = detect_languages(opts, gens)
+            evidence.detected, check = detect_languages(opts, gens)
     if cell.params.get("features"):
-        import json
-
         scored = read_rows(store, cell.params["features"],
                            ["item_id", "lang", "model", "scorer", "kind", "scores", "output",
                             "error"], "evaluate")
         for r in scored:
             r["scores"] = json.loads(r["scores"]) if r["scores"] else None
-        extra["features"] = scored
-    items, metrics = mod.score(opts, gens, judgments, **extra)
+        evidence.features = scored
+    items, metrics = study.score(opts, gens, evidence)
     table = pa.Table.from_pylist(metrics, schema=STUDY_METRICS)
     store.write_parquet(f"{cell.dir}/part-00000.parquet", table)
     # only the metrics rows are part-*.parquet: the rest starts with `_` (jobs/evaluate.py)
-    from xling.core.runner import ITEMS, PLOTS, TABLE
-
     store.write_parquet(f"{cell.dir}/{ITEMS}", pa.Table.from_pylist(items))
-    if hasattr(mod, "render"):  # tables and plots drawn from the items
-        md, plots = mod.render(items, metrics)
-    else:  # a module's tables may take the study options (XRAG: its published numbers)
-        import inspect
-
-        md = mod.tables(metrics, options=opts) \
-            if "options" in inspect.signature(mod.tables).parameters else mod.tables(metrics)
-        plots = mod.plots(metrics) if hasattr(mod, "plots") else {}
-    store.write_bytes(f"{cell.dir}/{TABLE}", md.encode())
-    for name, data in plots.items():
+    rendered = study.render(opts, items, metrics)
+    store.write_bytes(f"{cell.dir}/{TABLE}", rendered.markdown.encode())
+    for name, data in rendered.plots.items():
         store.write_bytes(f"{cell.dir}/{PLOTS}/{name}", data)
     errors = sum(1 for i in items if i.get("error"))
-    manifest = {"stage": "evaluate", "cell": cell.id, "key": cell.key, "params": cell.params,
-                "config_hash": cell.hash, "code_version": code_version(), "n_shards": 1,
-                "rows": table.num_rows, "errors": 0, "files": ["part-00000.parquet"],
-                "items": {"rows": len(items), "errors": errors, "file": ITEMS,
-                          # prompts the engine cut to fit max_model_len (XRAG items carry it)
-                          **({"truncated": sum(1 for i in items if i.get("truncated"))}
-                             if any("truncated" in i for i in items) else {})},
-                "generations": len(gens), "language_check": check, "table": TABLE,
-                "plots": sorted(f"{PLOTS}/{n}" for n in plots), "provenance": provenance(),
-                "timings": {"this_run_seconds": round(time.time() - t0, 3)},
-                "finished_at": now()}
-    store.write_json(f"{cell.dir}/_manifest.json", manifest)
     log(f"[evaluate] {cell.id}: {len(gens)} generations, {errors} unusable items -> "
-        f"{store.url(cell.dir)}\n{md}")
-    return manifest
+        f"{store.url(cell.dir)}\n{rendered.markdown}")
+    return {"rows": table.num_rows, "errors": 0, "files": ["part-00000.parquet"],
+            "items": {"rows": len(items), "errors": errors, "file": ITEMS,
+                      # prompts the engine cut to fit max_model_len (XRAG items carry it)
+                      **({"truncated": sum(1 for i in items if i.get("truncated"))}
+                         if any("truncated" in i for i in items) else {})},
+            "generations": len(gens), "language_check": check, "table": TABLE,
+            "plots": sorted(f"{PLOTS}/{n}" for n in rendered.plots)}

@@ -103,6 +103,11 @@ class Study(ABC):
     def render(self, opts: Opts, items: Rows, metrics: Rows) -> Rendered:
         """The paper's tables and plots from the items and metrics."""
 
+    def read_documents(self, fmt: str, stream, *, lang: str, source: str):
+        """Document rows (tasks/corpora.py's schema) of a corpus file in one of this study's
+        own formats (registry.DOCUMENT_FORMATS), read incrementally."""
+        raise ValueError(f"study {self.name!r} reads no document format {fmt!r}")
+
     def prompt_files(self) -> list[Path]:
         """The prompt template files this study ships (checked to load by the tests)."""
         return []

@@ -20,6 +20,8 @@ STUDIES: dict[str, str] = {
     "cross": "xling.studies.cross.study:CROSS",
 }
 NAMES = tuple(STUDIES)
+# corpus formats a study reads (`format:` of a corpus or translate.documents entry) -> study
+DOCUMENT_FORMATS: dict[str, str] = {"xrag": "xrag"}
 
 
 class UnknownStudy(KeyError):
@@ -38,9 +40,27 @@ def get_study(name: str) -> Study:
     return getattr(importlib.import_module(module), cls)()
 
 
+@cache
 def all_parsers() -> dict:
-    """Every study's output parsers by name (tasks/parsers.py adds the generic ones)."""
-    out: dict = {}
+    """Every output parser by name: the generic ones (tasks/parsers.py) and each study's."""
+    from xling.tasks.parsers import PARSERS
+
+    out = dict(PARSERS)
     for name in NAMES:
-        out.update(get_study(name).parsers())
+        for parser, fn in get_study(name).parsers().items():
+            if parser in out and out[parser] is not fn:
+                raise ValueError(f"study {name!r} registers parser {parser!r}, which exists")
+            out[parser] = fn
     return out
+
+
+def find_parser(name: str):
+    """The output parser called `name`; a KeyError lists the known names."""
+    from xling.tasks.parsers import PARSERS
+
+    if name in PARSERS:  # the generic ones need no study import
+        return PARSERS[name]
+    parsers = all_parsers()
+    if name not in parsers:
+        raise KeyError(f"unknown parser {name!r}; known: {', '.join(sorted(parsers))}")
+    return parsers[name]

@@ -120,11 +120,6 @@ def iter_documents(stream: BinaryIO, *, fmt: str, lang: str, source: str, encodi
     if fmt == "clef":
         yield from _iter_clef(stream, lang=lang, source=source, encoding=encoding)
         return
-    if fmt == "xrag":  # the non-English articles of XRAG's multilingual subset
-        from xling.studies.xrag.study import iter_article_documents
-
-        yield from iter_article_documents(stream, lang=lang, source=source)
-        return
     if fmt not in FIELDS and fmt != "jsonl":
         raise ValueError(f"unknown document format {fmt!r}")
     for n, raw in enumerate(iter_lines(stream), 1):

@@ -2,7 +2,8 @@
 
 A parser maps an LLM output to (parsed, error): `parsed` is a flat dict of strings (stored
 in the generations' `parsed` struct), `error` says why the output is unusable (the row is
-kept, with its raw output, and counted). Studies add their own parsers here by name.
+kept, with its raw output, and counted). These are the generic ones; a study registers its
+own through `Study.parsers()`, and `xling.studies.registry.find_parser` looks in both.
 """
 
 from __future__ import annotations
@@ -45,24 +46,6 @@ PARSERS: dict[str, Callable[[str], Parsed]] = {
     "none": parse_none, "answer_tag": parse_answer_tag, "json": parse_json}
 
 
-# Study parsers whose modules are imported lazily (a study module must not be imported here
-# at load time: it may import this module).
-def parse_bordirlines_direct(text: str) -> Parsed:
-    from xling.studies.bordirlines.study import parse_direct
-
-    return parse_direct(text)
-
-
-def parse_bordirlines_citation(text: str) -> Parsed:
-    from xling.studies.bordirlines.study import parse_citation
-
-    return parse_citation(text)
-
-
-PARSERS["bordirlines_direct"] = parse_bordirlines_direct
-PARSERS["bordirlines_citation"] = parse_bordirlines_citation
-
-
 def parse_verdict(text: str) -> Parsed:
     from xling.tasks.judge import parse_verdict as parse
 
@@ -70,21 +53,3 @@ def parse_verdict(text: str) -> Parsed:
 
 
 PARSERS["verdict"] = parse_verdict  # judge panels (tasks/judge.py)
-
-
-def parse_mirage_rag(text: str) -> Parsed:
-    from xling.studies.mirage.study import parse_rag_output
-
-    return parse_rag_output(text)
-
-
-def parse_mirage_pairwise(text: str) -> Parsed:
-    from xling.studies.mirage.study import parse_pair_verdict
-
-    return parse_pair_verdict(text)
-
-
-PARSERS["mirage_rag"] = parse_mirage_rag  # MIRAGE-Bench answers (tasks/mirage.py)
-PARSERS["mirage_pairwise"] = parse_mirage_pairwise  # its arena's pair verdicts
-PARSERS["mirage_pairwise_reference"] = lambda text: __import__(
-    "xling.studies.mirage.study", fromlist=["parse_pair_verdict"]).parse_pair_verdict(text, "reference")
