@@ -37,7 +37,7 @@ from xling.core.models import resolve_model
 from xling.core.pools import actor_pool, pool_resources
 from xling.core.runner import CELL, RID, Cell, Stage
 from xling.core.store import RunStore
-from xling.tasks.parsers import PARSERS
+from xling.studies.registry import find_parser
 
 # ---------------------------------------------------------------------------------------
 # config: LLM entries (rerank.model, generate.models[], judge.judges[])
@@ -404,7 +404,7 @@ class StoreGenerator(StoreLLM):
             done, cached, keys = self.cached.complete([decode_prompt(prompts[i]) for i in todo],
                                                       sampling, **options)
             got = dict(zip(todo, zip(done, cached, keys)))
-            parser = PARSERS[call["parser"]]
+            parser = find_parser(call["parser"])
             out = []
             keep = ["item_id", "study", "setting", "lang", RID, "_shard", CELL, "error",
                     *(["meta"] if "meta" in rows.column_names else [])]

@@ -71,12 +71,12 @@ class GenerateConfig(Strict):
             if dup:
                 raise ValueError(f"generate.{what}: names must be unique, {dup} repeat "
                                  "(give each model entry its own `name:`)")
-        from xling.tasks.parsers import PARSERS
+        from xling.studies.registry import all_parsers
 
         for p in self.prompts:
-            if p.parser not in PARSERS:
+            if p.parser not in all_parsers():
                 raise ValueError(f"prompt set '{p.name}': unknown parser '{p.parser}'; "
-                                 f"choose one of {sorted(PARSERS)}")
+                                 f"choose one of {sorted(all_parsers())}")
         return self
 
 
