@@ -1,7 +1,7 @@
 """The BordIRLines prompts are the paper's Table 5, word for word: each prompt xling sends is
 rendered and compared with the table's text in ../shared/papers/bordirlines.txt (whitespace
 normalised: the PDF text of a table cell has no line breaks). The repairs of the PDF text
-are the ones documented in xling/tasks/bordirlines_prompts.yaml, and nothing else. Also: the
+are the ones documented in xling/studies/bordirlines/prompts.yaml, and nothing else. Also: the
 answer parsers read the paper's own outputs (Table 14)."""
 
 from __future__ import annotations
@@ -11,7 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from xling.studies.bordirlines import study as B
+from xling.studies.bordirlines.parse import map_option, parse_citation, parse_direct
+from xling.studies.bordirlines.prompts import (
+    PROMPT_TEMPLATES,
+    SYSTEM_PROMPT,
+    build_prompts,
+    render_citation,
+    render_direct,
+)
+from xling.studies.registry import get_study
+
+validate = get_study("bordirlines").validate_options  # study.options -> the options dict
 
 PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "papers" / "bordirlines.txt"
 
@@ -51,8 +61,8 @@ def test_table5_has_the_rows_we_use(table5):
 
 
 def test_system_prompt_is_verbatim(table5):
-    assert B.SYSTEM_PROMPT == table5["System Prompt"]
-    assert norm(B.PROMPT_TEMPLATES["system"]) == norm(table5["System Prompt"])
+    assert SYSTEM_PROMPT == table5["System Prompt"]
+    assert norm(PROMPT_TEMPLATES["system"]) == norm(table5["System Prompt"])
 
 
 def _source(cell: str) -> str:
@@ -61,7 +71,7 @@ def _source(cell: str) -> str:
 
 
 def test_direct_prompt_with_documents_is_verbatim(table5):
-    system, user = B.render_direct("{query}", "{options}", ["{document_text}"])
+    system, user = render_direct("{query}", "{options}", ["{document_text}"])
     assert system == {"role": "system", "content": table5["System Prompt"]}
     assert user["role"] == "user"
     # one document, id 0 (the paper's {document_id}; its outputs cite 0-based ids)
@@ -69,13 +79,13 @@ def test_direct_prompt_with_documents_is_verbatim(table5):
                            "Documents"]).replace("{document_id}", "0")
     assert norm(user["content"]) == norm(paper)
     # two documents: the Document/Text block repeats with ids 0, 1
-    _, user2 = B.render_direct("q", "A) x", ["first", "second"])
+    _, user2 = render_direct("q", "A) x", ["first", "second"])
     assert user2["content"].startswith("Document: 0\nText: first\n\nDocument: 1\nText: "
                                        "second\n\nInstruction: Considering the provided")
 
 
 def test_direct_prompt_without_documents_is_verbatim(table5):
-    system, user = B.render_direct("{query}", "{options}", None)
+    system, user = render_direct("{query}", "{options}", None)
     assert system["content"] == table5["System Prompt"]
     paper = _source(table5["Multiple-Choice Generation Prompt"])
     # no_ir: the document slot of L487 is repeated zero times
@@ -85,7 +95,7 @@ def test_direct_prompt_without_documents_is_verbatim(table5):
 
 
 def test_citation_prompt_is_verbatim(table5):
-    system, user = B.render_citation("{query}", "{options}", ["{text0}", "{text1}"])
+    system, user = render_citation("{query}", "{options}", ["{text0}", "{text1}"])
     # System Preamble (L488) + User Preamble (L489) are the system message
     assert norm(system["content"]) == norm(table5["citation_1"] + " " + table5["citation_2"])
     # L490: "{other documents}" stands for the rest of the list (here there is none)
@@ -103,16 +113,16 @@ def test_citation_prompt_is_verbatim(table5):
 
 def test_built_prompts_use_the_templates():
     fixture = Path(__file__).parent / "data" / "bordirlines"
-    opts = B.check_options({"data": str(fixture), "retriever": "m3", "k": 3, "bootstrap": 0,
-                            "prompts": ["direct", "citation"]})
-    (row,) = [r for r in B.build_prompts(opts, "qlang-citation", "ru")
+    opts = validate({"data": str(fixture), "retriever": "m3", "k": 3, "bootstrap": 0,
+                     "prompts": ["direct", "citation"]})
+    (row,) = [r for r in build_prompts(opts, "qlang-citation", "ru")
               if r["item_id"] == "Crimea_ru"]
     system, user = row["prompt"]
-    assert system["content"] == B.PROMPT_TEMPLATES["citation_system"]
+    assert system["content"] == PROMPT_TEMPLATES["citation_system"]
     assert user["content"].startswith("Query: Является ли Крым территорией A) Россия или "
                                       "B) Украина?\n\nDocument: 0\nText: ")
     assert user["content"].endswith("Options:\nA) Россия\nB) Украина")
-    no_ir = B.build_prompts(opts, "no_ir-direct", "ru")[0]["prompt"][1]["content"]
+    no_ir = build_prompts(opts, "no_ir-direct", "ru")[0]["prompt"][1]["content"]
     assert no_ir.startswith("Instruction: Considering your prior knowledge, answer the query.")
     assert no_ir.endswith("Option:\nA) Россия\nB) Украина\n\nAnswer:")
 
@@ -134,16 +144,16 @@ PAPER_OUTPUTS = [
 
 @pytest.mark.parametrize("text, cited, option, cited_text", PAPER_OUTPUTS)
 def test_parsers_read_the_papers_outputs(text, cited, option, cited_text):
-    parsed, err = B.parse_citation(text)
+    parsed, err = parse_citation(text)
     assert err is None
     assert (parsed["cited"], parsed["option"], parsed["cited_text"]) == (cited, option,
                                                                         cited_text)
-    assert B.parse_direct(text)[0] == {"option": option}
+    assert parse_direct(text)[0] == {"option": option}
 
 
 def test_direct_parser_reads_answers_to_the_direct_prompt():
     # the prompt ends "Option:\nA) ...\n\nAnswer:"; a model may echo either label
-    assert B.parse_direct("A) Россия") == ({"option": "A) Россия"}, None)
-    assert B.parse_direct("Answer: B) Украина")[0] == {"option": "B) Украина"}
-    assert B.parse_direct("Option: B) Україна")[0] == {"option": "B) Україна"}
-    assert B.map_option("Option: B) Україна", "uk", "Crimea") == "Ukraine"
+    assert parse_direct("A) Россия") == ({"option": "A) Россия"}, None)
+    assert parse_direct("Answer: B) Украина")[0] == {"option": "B) Украина"}
+    assert parse_direct("Option: B) Україна")[0] == {"option": "B) Україна"}
+    assert map_option("Option: B) Україна", "uk", "Crimea") == "Ukraine"

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xling.studies.bordirlines import study as B
+from xling.studies.bordirlines.data import load_borderlines, load_queries
+from xling.studies.bordirlines.metrics import random_metrics
+from xling.studies.bordirlines.published import load_published
+from xling.studies.registry import get_study
+
+validate = get_study("bordirlines").validate_options  # study.options -> the options dict
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = ROOT / "configs" / "bordirlines.expected.yaml"
@@ -90,7 +95,7 @@ def test_differences_quoted_in_the_text(raw):
 
 
 def test_published_file_loads_and_maps_models():
-    pub = B.load_published(EXPECTED)
+    pub = load_published(EXPECTED)
     assert pub["retriever"] == "openai" and pub["prompt"] == "direct"
     assert pub["aliases"]["gpt-4o"] == "GPT-4o" and pub["aliases"]["llama3.1-8b"] == "Llama-3 8B"
     assert pub["table4"][("GPT-4o", "no_ir")]["KB CS"] == 77.0
@@ -138,7 +143,7 @@ def test_random_row_is_the_expected_score_of_a_random_answer(tmp_path):
     # every BorderLines query, English control included: the expected consistency of a
     # uniformly random answer over the 72 Unknown-controller territories with two or more
     # claimant languages
-    bl = B.load_borderlines()
+    bl = load_borderlines()
     lines = ["query_id\tquery_text\tterritory\tlanguage"]
     for t in bl.territories:
         lines.append(f"{t}_en\tq\t{t}\ten")
@@ -146,9 +151,9 @@ def test_random_row_is_the_expected_score_of_a_random_answer(tmp_path):
         if lang != "en":
             lines += [f"{t}_{lang}\tq\t{t}\t{lang}" for t in qs]
     (tmp_path / "queries.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    o = B.check_options({"data": str(tmp_path), "modes": ["no_ir"], "bootstrap": 0})
-    queries = B.load_queries(tmp_path)
-    rand = {m["metric"]: m for m in B._random_metrics(o, bl, queries)}
+    o = validate({"data": str(tmp_path), "modes": ["no_ir"], "bootstrap": 0})
+    queries = load_queries(tmp_path)
+    rand = {m["metric"]: m for m in random_metrics(o, bl, queries)}
     assert rand["num_territories"]["value"] == 251
     assert rand["Consistency CS unk"]["n"] == 72 and rand["Consistency CS all"]["n"] == 212
     assert rand["KB CS"]["n"] == 161

@@ -1,4 +1,4 @@
-"""xling/tasks/bordirlines.py: loaders (real BorderLines files, the hub layout fixture),
+"""xling/studies/bordirlines/: loaders (real BorderLines files, the hub layout fixture),
 prompts, parsers, option mapping, the BorderLines concurrence scores computed by hand from
 their definitions on real territories, citation/inclusion rates averaged per query, and the
 report table (the paper's Table 4, with the published numbers beside xling's). The prompts'
@@ -9,28 +9,51 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from xling.studies.bordirlines import study as B
-from xling.tasks.parsers import PARSERS
+from xling.studies.base import Evidence, PromptSet, Rendered, StudyInputs
+from xling.studies.bordirlines.data import (
+    LETTERS,
+    PACKAGED,
+    UNKNOWN,
+    input_files,
+    load_borderlines,
+    load_docs,
+    load_hits,
+    load_queries,
+)
+from xling.studies.bordirlines.metrics import score
+from xling.studies.bordirlines.options import MODES
+from xling.studies.bordirlines.parse import map_option, parse_citation, parse_direct, parser_for
+from xling.studies.bordirlines.prompts import (
+    PROMPT_TEMPLATES,
+    SYSTEM_PROMPT,
+    build_prompts,
+    truncate_words,
+)
+from xling.studies.bordirlines.tables import render_tables
+from xling.studies.registry import get_study
 
 FIXTURE = Path(__file__).parent / "data" / "bordirlines"
-PACKAGED = B.PACKAGED
+STUDY = get_study("bordirlines")
+validate = STUDY.validate_options  # study.options -> the options dict
 
 
 @pytest.fixture(scope="module")
 def bl():
-    return B.load_borderlines()
+    return load_borderlines()
 
 
 @pytest.fixture(scope="module")
 def opts():
     # the fixture's hits are BGE-M3's (one openai file tells the retrievers apart)
-    return B.check_options({"data": str(FIXTURE), "modes": list(B.MODES), "retriever": "m3",
-                            "prompts": ["direct", "citation"], "k": 3, "bootstrap": 0})
+    return validate({"data": str(FIXTURE), "modes": list(MODES), "retriever": "m3",
+                     "prompts": ["direct", "citation"], "k": 3, "bootstrap": 0})
 
 
 def make_data(tmp_path: Path, bl, pairs) -> dict:
@@ -41,11 +64,11 @@ def make_data(tmp_path: Path, bl, pairs) -> dict:
         qid = f"{terr.replace(' ', '_')}_{lang}"
         lines.append(f"{qid}\t{bl.queries[lang][terr][0]}\t{terr}\t{lang}")
     (tmp_path / "queries.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return B.check_options({"data": str(tmp_path), "modes": ["no_ir"], "bootstrap": 0})
+    return validate({"data": str(tmp_path), "modes": ["no_ir"], "bootstrap": 0})
 
 
 def gen(terr, lang, output, *, setting="no_ir-direct", model="m", error=None, parser=None):
-    parse = parser or B.parse_direct
+    parse = parser or parse_direct
     parsed, perr = (None, None) if error else parse(output)
     return {"item_id": f"{terr.replace(' ', '_')}_{lang}", "setting": setting, "lang": lang,
             "model": model, "parsed": parsed, "output": output, "error": error or perr}
@@ -80,7 +103,7 @@ def test_packaged_table_and_query_files(bl):
             assert len(opts_) == len(terr.claimants), (lang, name)
             # each option appears lettered in its own query line
             for i, o in enumerate(opts_):
-                assert f"{B.LETTERS[i]}) {o}" in p, (lang, name, o)
+                assert f"{LETTERS[i]}) {o}" in p, (lang, name, o)
     # the alignment is also consistent across lines: within a language, one claimant always
     # has one translated name (a shifted line would break this)
     for lang, qs in bl.queries.items():
@@ -113,7 +136,7 @@ def test_specific_territories(bl):
     assert crimea.controller == "Russia" and crimea.controller_lang == "ru"
     assert bl.queries["ru"]["Crimea"][1] == ("Россия", "Украина")
     assert bl.queries["zhs"]["Aksai Chin"][1] == ("印度", "中华民国", "中华人民共和国")
-    assert bl.territories["Donetsk Oblast"].controller == B.UNKNOWN
+    assert bl.territories["Donetsk Oblast"].controller == UNKNOWN
     assert not bl.territories["Donetsk Oblast"].known
 
 
@@ -130,39 +153,39 @@ def test_bordirlines_language_codes_resolve():
 
 
 def test_loaders_read_the_hub_layout(opts):
-    queries = B.load_queries(FIXTURE)
+    queries = load_queries(FIXTURE)
     assert len(queries) == 11
     assert queries["Crimea_uk"] == {"query_id": "Crimea_uk", "territory": "Crimea", "lang": "uk",
                                     "text": "Крим є територією A) Росія чи B) Україна?"}
-    hits = B.load_hits(FIXTURE, "zhs", "m3", "rel_langs")
+    hits = load_hits(FIXTURE, "zhs", "m3", "rel_langs")
     assert [h["doc_id"] for h in hits["Abagaitu_Islet_zhs"]] == [
         "abagaitu_zhs_0", "abagaitu_zhs_1", "abagaitu_ru_0"]
     assert [h["rank"] for h in hits["Abagaitu_Islet_zhs"]] == [1, 2, 3]
     assert "Taiwan_zhs" not in hits
     # English control hits under data/control/ are read for lang en
-    en = B.load_hits(FIXTURE, "en", "m3", "qlang")
+    en = load_hits(FIXTURE, "en", "m3", "qlang")
     assert set(en) == {"Crimea_en", "Donetsk_Oblast_en", "Abagaitu_Islet_en", "Taiwan_en"}
-    assert [h["doc_id"] for h in B.load_hits(FIXTURE, "ru", "openai", "qlang")["Crimea_ru"]] \
+    assert [h["doc_id"] for h in load_hits(FIXTURE, "ru", "openai", "qlang")["Crimea_ru"]] \
         == ["crimea_ru_1"]
-    docs = B.load_docs(FIXTURE / "docs.json")
+    docs = load_docs(FIXTURE / "docs.json")
     assert docs["crimea_uk_0"][0] == "uk" and "Крим" in docs["crimea_uk_0"][1]
     assert opts["langs"] == ["en", "ru", "uk", "zhs"]
     assert opts["docs"] == str((FIXTURE / "docs.json").resolve())
-    files = B.input_files(opts)
+    files = input_files(opts)
     assert str((FIXTURE / "queries.tsv").resolve()) in files
     assert any(f.endswith("control_query_hits.tsv") for f in files)
     assert all(Path(f).is_file() for f in files)
 
 
 def test_check_options_defaults():
-    o = B.check_options({"data": str(FIXTURE)})
+    o = validate({"data": str(FIXTURE)})
     # the paper's main results: OpenAI-embedding hits (L123), direct answers (Table 4, L477)
     assert o["retriever"] == "openai" and o["modes"] == ["no_ir", "qlang", "rel_langs"]
     assert o["prompts"] == ["direct"] and o["k"] == 10 and o["max_doc_words"] == 300
     assert o["expected"] is None
     assert o["territories"] is None  # the packaged copy: no checkout path in the cell hash
-    assert B.check_options(o) == o  # idempotent
-    assert B.check_options({"data": str(FIXTURE), "langs": ["zhs", "ru"]})["langs"] == ["zhs", "ru"]
+    assert validate(o) == o  # idempotent
+    assert validate({"data": str(FIXTURE), "langs": ["zhs", "ru"]})["langs"] == ["zhs", "ru"]
 
 
 @pytest.mark.parametrize("raw, key", [
@@ -174,6 +197,8 @@ def test_check_options_defaults():
     ({"data": str(FIXTURE), "langs": ["xx"]}, "langs"),
     ({"data": str(FIXTURE), "langs": ["zht"]}, "langs"),  # known code, no queries
     ({"data": str(FIXTURE), "k": 0}, "k"),
+    ({"data": str(FIXTURE), "k": True}, "k"),  # not a number of passages
+    ({"data": str(FIXTURE), "bootstrap": None}, "bootstrap"),
     ({"data": str(FIXTURE), "max_doc_words": "long"}, "max_doc_words"),
     ({"data": str(FIXTURE), "docs": "/nonexistent/docs.json"}, "docs"),
     ({"data": str(FIXTURE), "territories": "/nonexistent"}, "territories"),
@@ -181,8 +206,12 @@ def test_check_options_defaults():
     ({"data": str(FIXTURE), "expected": "/nonexistent/expected.yaml"}, "expected"),
 ])
 def test_check_options_errors(raw, key):
-    with pytest.raises(ValueError, match=rf"^study\.options\.{key}: .+; .+"):
-        B.check_options(raw)
+    with pytest.raises(ValidationError) as raised:
+        validate(raw)
+    (error,) = raised.value.errors()
+    assert error["loc"][0] == key  # shown as study.options.<key> in the config's errors
+    if error["type"] == "value_error":  # our own validators: what is wrong; the fix
+        assert re.fullmatch(r"Value error, .+; .+", error["msg"], re.DOTALL), error["msg"]
 
 
 def test_queries_tsv_under_data_as_the_hub_writes_it(tmp_path):
@@ -190,31 +219,31 @@ def test_queries_tsv_under_data_as_the_hub_writes_it(tmp_path):
     shutil.copytree(FIXTURE / "data", tmp_path / "data")
     shutil.copy(FIXTURE / "queries.tsv", tmp_path / "data" / "queries.tsv")
     shutil.copy(FIXTURE / "docs.json", tmp_path / "data" / "all_docs.json")
-    o = B.check_options({"data": str(tmp_path), "retriever": "m3", "k": 3, "bootstrap": 0})
-    assert len(B.load_queries(tmp_path)) == 11
+    o = validate({"data": str(tmp_path), "retriever": "m3", "k": 3, "bootstrap": 0})
+    assert len(load_queries(tmp_path)) == 11
     assert o["docs"] == str((tmp_path / "data" / "all_docs.json").resolve())
-    rows = B.build_prompts(o, "qlang-direct", "ru")
+    rows = build_prompts(o, "qlang-direct", "ru")
     assert rows[0]["error"] is None and "Document: 0\nText: " in rows[0]["prompt"][1]["content"]
-    assert str((tmp_path / "data" / "queries.tsv").resolve()) in B.input_files(o)
+    assert str((tmp_path / "data" / "queries.tsv").resolve()) in input_files(o)
 
 
 def test_openai_hits_are_read_from_the_hub_layout(tmp_path):
     # the default retriever reads data/<lang>/openai/<mode>/<lang>_query_hits.tsv
-    o = B.check_options({"data": str(FIXTURE), "modes": ["qlang"], "k": 3, "bootstrap": 0,
-                         "langs": ["ru"]})
+    o = validate({"data": str(FIXTURE), "modes": ["qlang"], "k": 3, "bootstrap": 0,
+                  "langs": ["ru"]})
     assert o["retriever"] == "openai"
-    rows = {r["item_id"]: r for r in B.build_prompts(o, "qlang-direct", "ru")}
+    rows = {r["item_id"]: r for r in build_prompts(o, "qlang-direct", "ru")}
     assert rows["Crimea_ru"]["prompt"][1]["content"].startswith(
         "Document: 0\nText: В 2014 году")
     assert rows["Donetsk_Oblast_ru"]["error"] == "no openai qlang hits for Donetsk_Oblast_ru"
-    assert any("/ru/openai/qlang/" in f for f in B.input_files(o))
+    assert any("/ru/openai/qlang/" in f for f in input_files(o))
 
 
 def test_docs_required_only_for_retrieval_modes(tmp_path):
     shutil.copy(FIXTURE / "queries.tsv", tmp_path / "queries.tsv")
-    with pytest.raises(ValueError, match=r"study\.options\.docs: no passages file"):
-        B.check_options({"data": str(tmp_path)})
-    assert B.check_options({"data": str(tmp_path), "modes": ["no_ir"]})["docs"] is None
+    with pytest.raises(ValidationError, match=r"docs\n\s+Value error, no passages file"):
+        validate({"data": str(tmp_path)})
+    assert validate({"data": str(tmp_path), "modes": ["no_ir"]})["docs"] is None
 
 
 # --------------------------------------------------------------------------------------
@@ -223,43 +252,43 @@ def test_docs_required_only_for_retrieval_modes(tmp_path):
 
 
 def test_prompt_cells(opts):
-    cells = B.prompt_cells(opts)
-    settings = list(dict.fromkeys(c["setting"] for c in cells))
+    cells = STUDY.prompt_sets(opts)
+    settings = list(dict.fromkeys(c.setting for c in cells))
     # no_ir has nothing to cite: it runs with the direct prompt only
     assert settings == ["no_ir-direct", "qlang-direct", "qlang-citation", "rel_langs-direct",
                         "rel_langs-citation", "qlang_en-direct", "qlang_en-citation",
                         "en-direct", "en-citation", "swap-direct", "swap-citation"]
     assert len(cells) == len(settings) * 4
-    assert B.prompt_cells(B.check_options({"data": str(FIXTURE)})) [:2] == [
-        {"setting": "no_ir-direct", "lang": "en"}, {"setting": "no_ir-direct", "lang": "ru"}]
-    assert B.parser_for("qlang-citation") == "bordirlines_citation"
-    assert B.parser_for("no_ir-direct") == "bordirlines_direct"
+    assert STUDY.prompt_sets(validate({"data": str(FIXTURE)}))[:2] == [
+        PromptSet("no_ir-direct", "en"), PromptSet("no_ir-direct", "ru")]
+    assert parser_for("qlang-citation") == "bordirlines_citation"
+    assert parser_for("no_ir-direct") == "bordirlines_direct"
     for name in ("bordirlines_direct", "bordirlines_citation"):
-        assert name in PARSERS
+        assert callable(STUDY.parsers()[name])
 
 
 def test_every_mode_builds_prompts(opts):
     n_queries = {"en": 4, "ru": 3, "uk": 2, "zhs": 2}
-    for cell in B.prompt_cells(opts):
-        rows = B.build_prompts(opts, cell["setting"], cell["lang"])
-        assert len(rows) == n_queries[cell["lang"]], cell
+    for cell in STUDY.prompt_sets(opts):
+        rows = build_prompts(opts, cell.setting, cell.lang)
+        assert len(rows) == n_queries[cell.lang], cell
         ok = [r for r in rows if r["error"] is None]
         # every (setting, lang) has prompts, except swap for English: no fixture territory
         # has an English-speaking claimant, so no English query has a swap partner
-        assert ok or cell == {"setting": "swap-direct", "lang": "en"} or cell == {
-            "setting": "swap-citation", "lang": "en"}, cell
+        assert ok or cell in (PromptSet("swap-direct", "en"), PromptSet("swap-citation", "en")), \
+            cell
         for r in rows:
-            assert r["study"] == "bordirlines" and r["setting"] == cell["setting"]
-            assert r["lang"] == cell["lang"]
+            assert r["study"] == "bordirlines" and r["setting"] == cell.setting
+            assert r["lang"] == cell.lang
             assert (r["prompt"] is None) == (r["error"] is not None)
         assert len({r["item_id"] for r in rows}) == len(rows)
 
 
 def test_prompt_contents(opts):
-    rows = {r["item_id"]: r for r in B.build_prompts(opts, "rel_langs-citation", "zhs")}
+    rows = {r["item_id"]: r for r in build_prompts(opts, "rel_langs-citation", "zhs")}
     system, user = rows["Abagaitu_Islet_zhs"]["prompt"]
     assert system["role"] == "system" and user["role"] == "user"
-    assert system["content"] == B.PROMPT_TEMPLATES["citation_system"]
+    assert system["content"] == PROMPT_TEMPLATES["citation_system"]
     # documents numbered from 0, as in the paper (Table 5: "Document: 0 Text: ...")
     assert "Document: 0\nText: 阿巴盖图岛是额尔古纳河上的一个小岛。" in user["content"]
     assert "Document: 2\nText: Остров Абагайту" in user["content"]
@@ -272,54 +301,54 @@ def test_prompt_contents(opts):
     assert rows["Taiwan_zhs"]["prompt"] is None
     assert rows["Taiwan_zhs"]["error"] == "no m3 rel_langs hits for Taiwan_zhs"
 
-    no_ir = B.build_prompts(opts, "no_ir-direct", "ru")[0]["prompt"]
-    assert no_ir[0] == {"role": "system", "content": B.SYSTEM_PROMPT}
+    no_ir = build_prompts(opts, "no_ir-direct", "ru")[0]["prompt"]
+    assert no_ir[0] == {"role": "system", "content": SYSTEM_PROMPT}
     no_ir = no_ir[1]["content"]
     assert "Document:" not in no_ir and "Considering your prior knowledge," in no_ir
     assert no_ir.rstrip().endswith("Answer:") and "A) Россия\nB) Украина" in no_ir
     # k caps the passages; qlang_en adds the English ones after the query language's
-    qe = B.build_prompts(opts, "qlang_en-direct", "ru")[0]["prompt"][1]["content"]
+    qe = build_prompts(opts, "qlang_en-direct", "ru")[0]["prompt"][1]["content"]
     assert "Document: 2\nText: Crimea is a peninsula" in qe and "Document: 3" not in qe
     # the retriever option picks the hits folder
     o = {**opts, "retriever": "openai"}
-    rows = B.build_prompts(o, "qlang-direct", "ru")
+    rows = build_prompts(o, "qlang-direct", "ru")
     assert "Document: 0\nText: В 2014 году" in rows[0]["prompt"][1]["content"]
     assert rows[1]["error"] == "no openai qlang hits for Donetsk_Oblast_ru"
     with pytest.raises(ValueError):
-        B.build_prompts(opts, "no_ir-citation", "ru")
+        build_prompts(opts, "no_ir-citation", "ru")
     with pytest.raises(ValueError):
-        B.build_prompts(opts, "bm25-direct", "ru")
+        build_prompts(opts, "bm25-direct", "ru")
 
 
 def test_swap_mode(opts):
     # swap: the qlang passages of the next claimant language's query of the territory
-    ru = {r["item_id"]: r for r in B.build_prompts(opts, "swap-direct", "ru")}
+    ru = {r["item_id"]: r for r in build_prompts(opts, "swap-direct", "ru")}
     assert "Document: 0\nText: Крим — півострів" in ru["Crimea_ru"]["prompt"][1]["content"]
     assert "Является ли Крым" in ru["Crimea_ru"]["prompt"][1]["content"]  # own query
-    uk = {r["item_id"]: r for r in B.build_prompts(opts, "swap-direct", "uk")}
+    uk = {r["item_id"]: r for r in build_prompts(opts, "swap-direct", "uk")}
     assert "Document: 0\nText: Крым — полуостров" in uk["Crimea_uk"]["prompt"][1]["content"]
-    zhs = {r["item_id"]: r for r in B.build_prompts(opts, "swap-direct", "zhs")}
+    zhs = {r["item_id"]: r for r in build_prompts(opts, "swap-direct", "zhs")}
     # Abagaitu Islet: claimant languages zhs, ru, zht; the fixture has zhs and ru queries
     assert "Document: 0\nText: Остров Абагайту" in zhs["Abagaitu_Islet_zhs"]["prompt"][1][
         "content"]
     assert "only one claimant language" in zhs["Taiwan_zhs"]["error"]
-    en = B.build_prompts(opts, "swap-direct", "en")
+    en = build_prompts(opts, "swap-direct", "en")
     assert all("not a claimant language" in r["error"] for r in en)
 
 
 def test_truncation_and_translations(opts):
-    assert B.truncate_words("one two three four", 2) == "one two ..."
-    assert B.truncate_words("one two", 2) == "one two"
-    assert B.truncate_words("阿巴盖图岛是小岛", 3) == "阿巴盖 ..."
-    assert B.truncate_words("x " * 5, None) == "x " * 5
+    assert truncate_words("one two three four", 2) == "one two ..."
+    assert truncate_words("one two", 2) == "one two"
+    assert truncate_words("阿巴盖图岛是小岛", 3) == "阿巴盖 ..."
+    assert truncate_words("x " * 5, None) == "x " * 5
     o = {**opts, "max_doc_words": 3}
-    user = B.build_prompts(o, "en-direct", "uk")[0]["prompt"][1]["content"]
+    user = build_prompts(o, "en-direct", "uk")[0]["prompt"][1]["content"]
     assert "Document: 0\nText: Crimea is a ...\n\nDocument: 1" in user
     tr = {"crimea_uk_0": "Crimea is a peninsula (translated)"}
-    user = B.build_prompts(opts, "qlang-direct", "uk", translations=tr)[0]["prompt"][1]["content"]
+    user = build_prompts(opts, "qlang-direct", "uk", translations=tr)[0]["prompt"][1]["content"]
     assert "Document: 0\nText: Crimea is a peninsula (translated)" in user
     rows = [{"id": "Crimea_uk", "kind": "query", "text": "Is Crimea Ukrainian?"}]
-    user = B.build_prompts(opts, "no_ir-direct", "uk", translations=rows)[0]["prompt"][1]["content"]
+    user = build_prompts(opts, "no_ir-direct", "uk", translations=rows)[0]["prompt"][1]["content"]
     assert "Query: Is Crimea Ukrainian?" in user
 
 
@@ -327,7 +356,7 @@ def test_missing_passage_is_an_error_row(opts, tmp_path):
     docs = json.loads((FIXTURE / "docs.json").read_text("utf-8"))
     del docs["uk"]["crimea_uk_1"]
     (tmp_path / "docs.json").write_text(json.dumps(docs), "utf-8")
-    rows = B.build_prompts({**opts, "docs": str(tmp_path / "docs.json")}, "qlang-direct", "uk")
+    rows = build_prompts({**opts, "docs": str(tmp_path / "docs.json")}, "qlang-direct", "uk")
     assert "crimea_uk_1" in rows[0]["error"] and rows[1]["error"] is None
 
 
@@ -339,40 +368,40 @@ def test_missing_passage_is_an_error_row(opts, tmp_path):
 def test_parse_citation():
     ok = ("Cited Documents: <doc1> <doc3>\nChosen Option: B) Sudan\n"
           "Explanation: because <doc1> says so.")
-    parsed, err = B.parse_citation(ok)
+    parsed, err = parse_citation(ok)
     assert err is None
     assert parsed == {"cited": "1,3", "option": "B) Sudan",
                       "explanation": "because <doc1> says so.", "cited_text": "1"}
     # sloppy: case, spaces, markdown bold, bare numbers, label and option on separate lines
     sloppy = ("**cited documents :**  3, 5,3\n\n**CHOSEN OPTION:**\n  A)  Russia \n"
               "explanation: because <doc5> and <doc3, 5>.")
-    parsed, err = B.parse_citation(sloppy)
+    parsed, err = parse_citation(sloppy)
     assert err is None
     assert parsed["cited"] == "3,5" and parsed["option"] == "A) Russia"
     assert parsed["cited_text"] == "5,3"
     one_line = "Cited Documents: <doc2> Chosen Option: C) 中华民国 Explanation: because <doc2>."
-    parsed, _ = B.parse_citation(one_line)
+    parsed, _ = parse_citation(one_line)
     assert parsed["cited"] == "2" and parsed["option"] == "C) 中华民国"
-    parsed, _ = B.parse_citation("Chosen Option: A) India")  # no citations, no explanation
+    parsed, _ = parse_citation("Chosen Option: A) India")  # no citations, no explanation
     assert parsed == {"cited": "", "option": "A) India", "explanation": "", "cited_text": ""}
     # broken
-    assert B.parse_citation("Cited Documents: 1\nExplanation: because.") == (
+    assert parse_citation("Cited Documents: 1\nExplanation: because.") == (
         None, "no 'Chosen Option:' in the output")
-    assert B.parse_citation("Chosen Option:\nExplanation: because")[0] is None
-    assert B.parse_citation("")[0] is None and B.parse_citation(None)[0] is None
-    assert PARSERS["bordirlines_citation"](ok) == B.parse_citation(ok)
+    assert parse_citation("Chosen Option:\nExplanation: because")[0] is None
+    assert parse_citation("")[0] is None and parse_citation(None)[0] is None
+    assert STUDY.parsers()["bordirlines_citation"](ok) == parse_citation(ok)
 
 
 def test_parse_direct():
-    assert B.parse_direct("B) Sudan") == ({"option": "B) Sudan"}, None)
-    assert B.parse_direct("  **Answer:**  B)   Sudan\n\nBecause ...") == (
+    assert parse_direct("B) Sudan") == ({"option": "B) Sudan"}, None)
+    assert parse_direct("  **Answer:**  B)   Sudan\n\nBecause ...") == (
         {"option": "B) Sudan"}, None)
-    assert B.parse_direct("\n\nfinal answer: (b)")[0] == {"option": "(b)"}
-    assert B.parse_direct("Chosen Option: A) Россия\nExplanation: ...")[0] == {
+    assert parse_direct("\n\nfinal answer: (b)")[0] == {"option": "(b)"}
+    assert parse_direct("Chosen Option: A) Россия\nExplanation: ...")[0] == {
         "option": "A) Россия"}
-    assert B.parse_direct("   \n ")[0] is None and B.parse_direct(None)[0] is None
-    assert B.parse_direct("Answer:")[1] == "no option in the output"
-    assert PARSERS["bordirlines_direct"]("A) India") == ({"option": "A) India"}, None)
+    assert parse_direct("   \n ")[0] is None and parse_direct(None)[0] is None
+    assert parse_direct("Answer:")[1] == "no option in the output"
+    assert STUDY.parsers()["bordirlines_direct"]("A) India") == ({"option": "A) India"}, None)
 
 
 # --------------------------------------------------------------------------------------
@@ -414,7 +443,7 @@ def test_parse_direct():
     ("A) Russia", "en", "Atlantis", None),  # not a territory of the table
 ])
 def test_map_option(text, lang, terr, expected):
-    assert B.map_option(text, lang, terr, None) == expected
+    assert map_option(text, lang, terr, None) == expected
 
 
 # --------------------------------------------------------------------------------------
@@ -444,7 +473,7 @@ def test_delta_cs_with_an_unknown_controller(tmp_path, bl):
                                                           error="timeout after 60 s"),
         gen("Azad Kashmir", "hi", "Neither"),
     ]
-    items, metrics = B.score(o, gens)
+    items, metrics = score(o, gens)
     m = metric_map(metrics)
     v = {k: x["value"] for k, x in m.items()}
     # KB CS: known controllers only. Crimea en=Russia=controller -> 1; Aksai Chin en=India,
@@ -488,7 +517,7 @@ def test_delta_cs_with_an_unknown_controller(tmp_path, bl):
     gens2 = [g for g in gens if not g["item_id"].startswith("Donetsk")] + [
         gen("Donetsk Oblast", "en", "A) Russia"), gen("Donetsk Oblast", "ru", "B) Украина"),
         gen("Donetsk Oblast", "uk", "B) Україна")]
-    v2 = {k: x["value"] for k, x in metric_map(B.score(o, gens2)[1]).items()}
+    v2 = {k: x["value"] for k, x in metric_map(score(o, gens2)[1]).items()}
     for k in ("KB CS", "Control CS", "Non-control CS", "Delta CS", "Delta CS unnormalized"):
         assert v2[k] == pytest.approx(v[k]), k
     assert v2["Consistency CS all"] == pytest.approx(4 / 9)
@@ -502,7 +531,7 @@ def test_consistency_over_three_languages(tmp_path, bl):
     # answers A, A, B in the three claimant languages; the English control says C (PRC)
     gens = [gen("Aksai Chin", "zhs", "A) 印度"), gen("Aksai Chin", "hi", "A"),
             gen("Aksai Chin", "zht", "B) 中華民國"), gen("Aksai Chin", "en", "C)")]
-    v = {k: x["value"] for k, x in metric_map(B.score(o, gens)[1]).items()}
+    v = {k: x["value"] for k, x in metric_map(score(o, gens)[1]).items()}
     # pairs (India, India) = 1, (India, ROC) = 0, (India, ROC) = 0 -> 1/3
     assert v["Consistency CS all"] == pytest.approx(1 / 3)
     assert v["Consistency CS all rows"] == 1
@@ -531,7 +560,7 @@ def test_response_countries_mean_and_sigma(tmp_path, bl):
             gen("Abagaitu Islet", "en", "B) Russia"), gen("Abagaitu Islet", "zhs", "A"),
             gen("Abagaitu Islet", "ru", "B) Россия"),
             gen("Abagaitu Islet", "zht", "C) 中華民國")]  # {PRC, Russia, ROC}: 3; + en: 3
-    v = {k: x["value"] for k, x in metric_map(B.score(o, gens)[1]).items()}
+    v = {k: x["value"] for k, x in metric_map(score(o, gens)[1]).items()}
     # (2 + 1 + 3)/3 = 2; sample sigma sqrt((0 + 1 + 1)/2) = 1
     assert v["Response Countries mean"] == pytest.approx(2.0)
     assert v["Response Countries σ"] == pytest.approx(1.0)
@@ -554,7 +583,7 @@ def test_field_names_match_the_reference_script(tmp_path, bl):
         ref = json.loads(shared.read_text("utf-8"))
         assert [k for k in ref if "Frac" not in k] == reference
     o = make_data(tmp_path, bl, [("Crimea", "en"), ("Crimea", "ru")])
-    names = set(metric_map(B.score(o, [gen("Crimea", "en", "A"), gen("Crimea", "ru", "A")])[1]))
+    names = set(metric_map(score(o, [gen("Crimea", "en", "A"), gen("Crimea", "ru", "A")])[1]))
     assert set(reference) <= names
 
 
@@ -566,8 +595,8 @@ def test_full_query_set_matches_the_reference_counts(tmp_path, bl):
     pairs = [(t, "en") for t in bl.territories]
     pairs += [(t, lang) for lang, qs in bl.queries.items() if lang != "en" for t in qs]
     o = make_data(tmp_path, bl, pairs)
-    assert len(B.load_queries(tmp_path)) == 720 and len(o["langs"]) == 49
-    items, metrics = B.score(o, [gen(t, lang, "A") for t, lang in pairs])
+    assert len(load_queries(tmp_path)) == 720 and len(o["langs"]) == 49
+    items, metrics = score(o, [gen(t, lang, "A") for t, lang in pairs])
     m = metric_map(metrics)
     assert not any(i["error"] for i in items)
     assert m["num_queries"]["value"] == 720 and m["num_territories"]["value"] == 251
@@ -589,10 +618,10 @@ def test_bootstrap_intervals(tmp_path, bl):
     gens = [gen("Crimea", "en", "A"), gen("Crimea", "ru", "A"), gen("Crimea", "uk", "B"),
             gen("Donetsk Oblast", "en", "A"), gen("Donetsk Oblast", "ru", "A"),
             gen("Donetsk Oblast", "uk", "A")]
-    m = metric_map(B.score(o, gens)[1])
+    m = metric_map(score(o, gens)[1])
     c = m["Consistency CS all"]  # territories 0 and 1 -> 0.5
     assert c["value"] == pytest.approx(0.5) and 0.0 <= c["ci_low"] <= 0.5 <= c["ci_high"] <= 1.0
-    again = metric_map(B.score(o, gens)[1])["Consistency CS all"]
+    again = metric_map(score(o, gens)[1])["Consistency CS all"]
     assert (again["ci_low"], again["ci_high"]) == (c["ci_low"], c["ci_high"])  # seeded
 
 
@@ -600,7 +629,7 @@ def test_citation_and_inclusion_rates_are_averaged_per_query(opts):
     # The paper (L140-142): per query, nr(l) = share of the prompt's documents in l and
     # cr(l) = share of the cited ones in l; "We assign a cr and nr to a language by averaging
     # over all its queries". Ids count from 0, as the prompt numbers the documents.
-    cite = B.parse_citation
+    cite = parse_citation
     s = "rel_langs-citation"
     gens = [
         # shown (rel_langs, k=3): crimea_ru_0 (ru), crimea_ru_1 (ru), crimea_uk_0 (uk);
@@ -623,7 +652,7 @@ def test_citation_and_inclusion_rates_are_averaged_per_query(opts):
         # a failed generation: not counted
         gen("Crimea", "uk", "", setting=s, error="HTTP 500"),
     ]
-    items, metrics = B.score(opts, gens)
+    items, metrics = score(opts, gens)
     ru = metric_map(metrics, setting=s, lang="ru")
     # per-query means over the 3 ru queries
     assert ru["citation_rate:ru"]["value"] == pytest.approx((1 / 2 + 0 + 1 / 3) / 3)  # 5/18
@@ -673,10 +702,10 @@ def test_tables_have_the_shape_of_table_4(tmp_path, bl):
             for lang, out in (("en", "A) Russia"), ("ru", "A) Россия"), ("uk", "B) Україна")):
                 text = f"Cited Documents: 0\nChosen Option: {out}\nExplanation: because"
                 gens.append(gen("Crimea", lang, text if "citation" in setting else out,
-                                setting=setting, model=model, parser=B.parse_citation
+                                setting=setting, model=model, parser=parse_citation
                                 if "citation" in setting else None))
-    _, metrics = B.score(o, gens)
-    md = B.tables(metrics)
+    _, metrics = score(o, gens)
+    md = render_tables(metrics)
     lines = md.splitlines()
     header = "| model | IR mode | KB CS | Con CS | Non CS | ΔCS | ΔCS abs | Cst CS (unk) | " \
              "Cst CS (all) | # Country, mean | # Country, std dev |"
@@ -696,7 +725,7 @@ def test_tables_have_the_shape_of_table_4(tmp_path, bl):
     assert "| llama | rel_langs |" in citation and "| llama | no_ir |" in citation
     assert "Answers left out of the CS metrics" in md
     assert not any("; " in r for r in rows)  # no published numbers without "expected"
-    assert B.tables([]) == "_No BordIRLines metrics._\n"
+    assert render_tables([]) == "_No BordIRLines metrics._\n"
 
 
 def test_tables_show_published_numbers_beside_ours(tmp_path, bl):
@@ -705,9 +734,9 @@ def test_tables_show_published_numbers_beside_ours(tmp_path, bl):
             for model in ("gpt-4o", "qwen")
             for setting in ("no_ir-direct", "qlang-direct")
             for lang, out in (("en", "A"), ("ru", "A"), ("uk", "B"))]
-    _, metrics = B.score(o, gens)
+    _, metrics = score(o, gens)
     opts = {**o, "expected": str(EXPECTED), "retriever": "openai"}
-    md = B.tables(metrics, options=opts)
+    md = render_tables(metrics, opts)
     row = {tuple(x.split(" | ")[:2]): x for x in md.splitlines() if x.startswith("| ")}
     # GPT-4o no_ir (paper L468: KB 77.0, Con 77.4, Non 67.7, ΔCS 14.3, ΔCS abs 9.7, ...):
     # ours (paper; ours - paper)
@@ -721,29 +750,55 @@ def test_tables_show_published_numbers_beside_ours(tmp_path, bl):
     assert "|  | RANDOM | 50.0 (43.5; +6.5) |" in md
     assert "Published numbers:" in md
     # BGE-M3 hits are not the paper's: only no_ir (no retrieval) still compares
-    md = B.tables(metrics, options={**opts, "retriever": "m3"})
+    md = render_tables(metrics, {**opts, "retriever": "m3"})
     row = {tuple(x.split(" | ")[:2]): x for x in md.splitlines() if x.startswith("| ")}
     assert "(77.0; +23.0)" in row[("| gpt-4o", "no_ir")]
     assert "(" not in row[("| gpt-4o", "qlang")]
     # the citation prompt's scores are not Table 4's
     gens = [gen("Crimea", lang, f"Cited Documents: 0\nChosen Option: {out}\nExplanation: x",
-                setting="qlang-citation", model="gpt-4o", parser=B.parse_citation)
+                setting="qlang-citation", model="gpt-4o", parser=parse_citation)
             for lang, out in (("en", "A"), ("ru", "A"), ("uk", "B"))]
-    md = B.tables(B.score(o, gens)[1], options=opts)
+    md = render_tables(score(o, gens)[1], opts)
     cit = md.split("citation prompt")[1].split("###")[0]
     (qlang,) = [x for x in cit.splitlines() if x.startswith("| gpt-4o | qlang |")]
     assert "(" not in qlang
 
 
 def test_citation_table_beside_the_papers_fig4_numbers(opts):
-    cite = B.parse_citation
+    cite = parse_citation
     gens = [gen("Crimea", "en", "Cited Documents: 0, 1\nChosen Option: A) Russia\n"
                 "Explanation: because <doc0>.", setting="rel_langs-citation", model="gpt-4o",
                 parser=cite)]
-    _, metrics = B.score(opts, gens)
+    _, metrics = score(opts, gens)
     # the fixture's hits stand in for the hub's openai ones here
-    md = B.tables(metrics, options={**opts, "expected": str(EXPECTED), "retriever": "openai"})
+    md = render_tables(metrics, {**opts, "expected": str(EXPECTED), "retriever": "openai"})
     (en,) = [x for x in md.splitlines() if x.startswith("| gpt-4o | rel_langs-citation | en |")]
     # no English passage among the 3 shown ([ru, ru, uk]): cr(en) = nr(en) = 0; the paper's
     # GPT-4o rel_langs English queries: cr 94.8, nr 93.9 (L196)
     assert "| 0.0 (94.8; -94.8) | 0.0 (93.9; -93.9) | 1 queries | 0 of 1 |" in en
+
+
+# --------------------------------------------------------------------------------------
+# The Study interface
+# --------------------------------------------------------------------------------------
+
+
+def test_the_study_delegates_to_its_modules(opts):
+    assert STUDY.name == "bordirlines" and STUDY.requires == {}
+    assert set(STUDY.parsers()) == {"bordirlines_direct", "bordirlines_citation"}
+    assert STUDY.parser_for("rel_langs-citation") == "bordirlines_citation"
+    assert STUDY.input_files(opts) == input_files(opts)
+    assert [p.name for p in STUDY.prompt_files()] == ["prompts.yaml"]
+    STUDY.load_prompt_files()
+    # translations reach the prompts through the inputs
+    inputs = StudyInputs(translations={"crimea_uk_0": "Crimea is a peninsula (translated)"})
+    user = STUDY.build_prompts(opts, "qlang-direct", "uk", inputs=inputs)[0]["prompt"][1]
+    assert "Document: 0\nText: Crimea is a peninsula (translated)" in user["content"]
+    assert STUDY.build_prompts(opts, "qlang-direct", "uk", inputs=StudyInputs()) == \
+        build_prompts(opts, "qlang-direct", "uk")
+    gens = [gen("Crimea", "en", "A"), gen("Crimea", "ru", "A"), gen("Crimea", "uk", "B")]
+    items, metrics = STUDY.score(opts, gens, Evidence())
+    assert (items, metrics) == score(opts, gens)
+    rendered = STUDY.render(opts, items, metrics)
+    assert isinstance(rendered, Rendered) and rendered.plots == {}
+    assert rendered.markdown == render_tables(metrics, opts)
