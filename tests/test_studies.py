@@ -104,9 +104,9 @@ def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
 
 
 def _x_supporting_texts() -> set[str]:
-    from xling.studies.xrag.study import load_items
+    from helpers import load_xrag_items
 
-    return {a["text"] for it in load_items(f"{ROOT}/tests/data/xrag/xrag.test.jsonl")
+    return {a["text"] for it in load_xrag_items(f"{ROOT}/tests/data/xrag/xrag.test.jsonl")
             for a in it["articles"] if a["supporting"] and a["lang"] != "en"}
 
 

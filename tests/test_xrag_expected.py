@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xling.studies.xrag import study as xrag
+from xling.studies.xrag.settings import TABLE6_ROWS
+from xling.studies.xrag.tables import paper_model
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = yaml.safe_load((ROOT / "configs" / "xrag.expected.yaml").read_text("utf-8"))
@@ -42,7 +43,7 @@ def test_table5_crosslingual_average_is_the_mean_of_the_en_plus_x_columns(model)
 @pytest.mark.parametrize("model", list(EXPECTED["table6"]))
 def test_table6_averages_and_the_rows_shared_with_table5(model):
     t6, t5 = EXPECTED["table6"][model], EXPECTED["table5"][model]
-    for setting in xrag.TABLE6_ROWS:
+    for setting in TABLE6_ROWS:
         if t6[setting]["avg"] is not None:   # Table 9's XRAG-MultiR Avg is blank in the PDF
             assert abs(mean([t6[setting][x] for x in LANGS]) - t6[setting]["avg"]) <= 0.01
     # XRAG-MultiR is Table 5's En+X; MonoRAG (+EQ, +ES, +ED) is Table 5's En+En_X
@@ -55,9 +56,9 @@ def test_every_published_model_has_aliases_and_every_table_names_known_models():
     assert all(spec["aliases"] for spec in models.values())
     for table in ("table3", "table4", "table5", "table6"):
         assert set(EXPECTED[table]) <= set(models), table
-    assert xrag.paper_model(EXPECTED, "gpt-4o") == "GPT-4o"
-    assert xrag.paper_model(EXPECTED, "Mistral-Large-2407") == "Mistral-Large"
-    assert xrag.paper_model(EXPECTED, "qwen2.5-7b") is None
+    assert paper_model(EXPECTED, "gpt-4o") == "GPT-4o"
+    assert paper_model(EXPECTED, "Mistral-Large-2407") == "Mistral-Large"
+    assert paper_model(EXPECTED, "qwen2.5-7b") is None
 
 
 def _numbers(start: str, end: str) -> list[tuple[float, ...]]:
@@ -73,7 +74,7 @@ def _numbers(start: str, end: str) -> list[tuple[float, ...]]:
 def _t6(model):
     t6 = EXPECTED["table6"][model]
     return [tuple(v for v in (t6[s][x] for x in (*LANGS, "avg")) if v is not None)
-            for s in xrag.TABLE6_ROWS]
+            for s in TABLE6_ROWS]
 
 
 @pytest.mark.skipif(not PAPER.is_file(), reason=f"the XRAG paper's text {PAPER} is absent "

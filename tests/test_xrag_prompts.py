@@ -1,7 +1,7 @@
 """XRAG's prompts are the paper's Figures 18, 19 and 20 word for word: each is rendered by
-xling/tasks/xrag.py and compared, whitespace normalised, with the figure's text in
+xling/studies/xrag/prompts.py and compared, whitespace normalised, with the figure's text in
 ../shared/papers/xrag.txt, rendered by Jinja with the same values after the restorations
-that xling/tasks/data/xrag/prompts.yaml lists (`pdf_fixes`: where the PDF text lost a
+that xling/studies/xrag/prompts.yaml lists (`pdf_fixes`: where the PDF text lost a
 bracket, a quote or a list number)."""
 
 from __future__ import annotations
@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from xling.studies.xrag import study as xrag
+from helpers import load_xrag_items
+
+from xling.studies.base import StudyInputs
+from xling.studies.registry import get_study
+from xling.studies.xrag import prompts
+from xling.studies.xrag.settings import SETTING_SPECS
+
+XRAG = get_study("xrag")
 
 PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "papers" / "xrag.txt"
 if not PAPER.is_file():
@@ -52,14 +59,14 @@ def figures() -> dict[str, str]:
 
 def paper_prompt(figures, name: str, **values) -> str:
     text = norm(figures[name])
-    for pdf, ours in xrag.prompts()["pdf_fixes"][name]:
+    for pdf, ours in prompts.prompts()["pdf_fixes"][name]:
         assert text.count(norm(pdf)) == 1, f"{name}: {pdf!r} is not in the figure once"
         text = text.replace(norm(pdf), norm(ours))
     return norm(jinja2.Template(text).render(**values))
 
 
 def test_rag_answer_prompt_is_figure_18(figures):
-    (msg,) = xrag.render_prompt(QUESTION, ARTICLES)
+    (msg,) = prompts.render_prompt(QUESTION, ARTICLES)
     expected = paper_prompt(figures, "rag_answer", question=QUESTION, articles=[
         (i, a["text"], a["date"]) for i, a in enumerate(ARTICLES, 1)])
     assert msg["role"] == "user"
@@ -69,7 +76,7 @@ def test_rag_answer_prompt_is_figure_18(figures):
 
 
 def test_no_retrieval_prompt_is_figure_19(figures):
-    (msg,) = xrag.render_prompt(QUESTION, None)
+    (msg,) = prompts.render_prompt(QUESTION, None)
     assert norm(msg["content"]) == paper_prompt(figures, "no_retrieval", question=QUESTION)
     assert msg["content"].endswith("Otherwise, output: <answer>None</answer>")
 
@@ -77,7 +84,7 @@ def test_no_retrieval_prompt_is_figure_19(figures):
 def test_judge_prompt_is_figure_20(figures):
     item = {"question": QUESTION, "answer": "800 Menschen", "en_question": "How many?",
             "en_answer": "800 people", "setting": "multi"}
-    (msg,) = xrag.judge_prompt(item, "Etwa 800 Menschen.")
+    (msg,) = prompts.judge_prompt(item, "Etwa 800 Menschen.")
     assert norm(msg["content"]) == paper_prompt(figures, "judge", question=QUESTION,
                                                 answer="800 Menschen", pred="Etwa 800 Menschen.")
     # rule 5 (the answer's language) is there, and the reply's keys are the paper's
@@ -90,11 +97,11 @@ def test_judge_prompt_is_figure_20(figures):
 def test_every_setting_uses_a_paper_prompt():
     """Settings with articles get Figure 18; those without, Figure 19: no other wording."""
     data = Path(__file__).parent / "data" / "xrag" / "xrag.test.jsonl"
-    o = xrag.check_options({"data": str(data), "langs": ["zh"]})
-    tr = {a["doc_id"]: "An English text." for it in xrag.load_items(str(data))
+    o = XRAG.validate_options({"data": str(data), "langs": ["zh"]})
+    tr = {a["doc_id"]: "An English text." for it in load_xrag_items(data)
           for a in it["articles"]}
-    for setting, spec in xrag.SETTING_SPECS.items():
-        for r in xrag.build_prompts(o, setting, "zh", translations=tr):
+    for setting, spec in SETTING_SPECS.items():
+        for r in XRAG.build_prompts(o, setting, "zh", inputs=StudyInputs(translations=tr)):
             text = r["prompt"][0]["content"]
             head = ("You are an AI assistant tasked with answering questions."
                     if spec.docs == "none"

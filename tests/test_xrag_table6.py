@@ -2,7 +2,7 @@
 L247-257: XRAG-MultiR, +EQ, +EQ, +ES, MonoRAG = +EQ, +ES, +ED) feeds the articles and the
 question language the paper describes. Pure Python over the study's own functions:
 build_prompts -> a scripted model -> the answer_tag parser -> judge_rows (Figure 20) -> a
-scripted judge panel -> tasks/judge.py's verdict parser -> score -> tables."""
+scripted judge panel -> tasks/judge.py's verdict parser -> score -> render (the XRAG study)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from xling.studies.xrag import study as xrag
+from helpers import load_xrag_items
+
+from xling.studies.base import Evidence, StudyInputs
+from xling.studies.registry import get_study
+from xling.studies.xrag.settings import LANGS, SETTING_SPECS, expected_language
 from xling.tasks.judge import parse_verdict
 from xling.tasks.parsers import parse_answer_tag
+
+XRAG = get_study("xrag")
 
 DATA = Path(__file__).parent / "data" / "xrag" / "xrag.test.jsonl"
 ROWS = ("multi", "multi_eq", "multi_eq_es", "multi_en_x")   # the paper's row order
@@ -26,7 +32,7 @@ def translation(a: dict) -> str:
 
 @pytest.fixture(scope="module")
 def world():
-    items = [it for it in xrag.load_items(str(DATA)) if it["subset"] == "multi"]
+    items = [it for it in load_xrag_items(DATA) if it["subset"] == "multi"]
     tr = {a["doc_id"]: translation(a) for it in items for a in it["articles"] if a["lang"] != "en"}
     by_question = {}
     for it in items:
@@ -44,10 +50,11 @@ def shown(prompt: str, it: dict) -> dict[str, str]:
 
 def test_each_row_feeds_what_the_paper_describes(world):
     items, tr, by_question = world
-    o = xrag.check_options({"data": str(DATA)})
-    for lang in xrag.LANGS:
+    o = XRAG.validate_options({"data": str(DATA)})
+    for lang in LANGS:
         for setting in ROWS:
-            rows = xrag.build_prompts(o, setting, lang, translations=tr)
+            rows = XRAG.build_prompts(o, setting, lang,
+                                           inputs=StudyInputs(translations=tr))
             assert len(rows) == 3 and all(r["error"] is None for r in rows)
             for r in rows:
                 text = r["prompt"][0]["content"]
@@ -55,7 +62,7 @@ def test_each_row_feeds_what_the_paper_describes(world):
                 assert it["id"] == r["item_id"]
                 # EQ: the English question (and so the English answer) from +EQ on
                 assert q_lang == ("en" if setting != "multi" else lang)
-                assert xrag.expected_language(setting, lang) == q_lang
+                assert expected_language(setting, lang) == q_lang
                 assert len(re.findall(r"<text_\d+>", text)) == 8
                 for a in it["articles"]:  # the English articles are always there as written
                     if a["lang"] == "en":
@@ -87,7 +94,7 @@ CONDITIONS = {
 def test_table6_on_a_scripted_model(world, name):
     items, tr, by_question = world
     condition, expected = CONDITIONS[name]
-    o = xrag.check_options({"data": str(DATA), "expected": None})
+    o = XRAG.validate_options({"data": str(DATA), "expected": None})
     gens, answer_lang = [], {"unknown": "en"}
     for it in items:
         answer_lang[it["answer"]] = it["lang"]
@@ -107,15 +114,16 @@ def test_table6_on_a_scripted_model(world, name):
                                          "answer": "correct" if pred == gold else
                                          "incorrect"}) + "\n```"
 
-    for lang in xrag.LANGS:
+    for lang in LANGS:
         for setting in ROWS:
-            for r in xrag.build_prompts(o, setting, lang, translations=tr):
+            for r in XRAG.build_prompts(o, setting, lang,
+                                           inputs=StudyInputs(translations=tr)):
                 out = model(r["prompt"][0]["content"])
                 parsed, err = parse_answer_tag(out)
                 gens.append({"item_id": r["item_id"], "setting": setting, "lang": lang,
                              "model": name, "output": out, "parsed": parsed, "error": err})
     judgments = []
-    for jr in xrag.judge_rows(o, gens):
+    for jr in XRAG.judge_rows(o, gens):
         assert jr["error"] is None
         for j in ("j1", "j2", "j3"):
             parsed, err = parse_verdict(judge(jr["prompt"][0]["content"]))
@@ -124,12 +132,12 @@ def test_table6_on_a_scripted_model(world, name):
                               "judge": j, "verdict": parsed["verdict"], "error": None})
     detected = {(g["setting"], g["lang"], g["model"], g["item_id"]):
                 answer_lang[g["parsed"]["answer"]] for g in gens}
-    _, metrics = xrag.score(o, gens, judgments, detected)
+    _, metrics = XRAG.score(o, gens, Evidence(judgments=judgments, detected=detected))
     acc = {(m["setting"], m["lang"]): m["value"] for m in metrics if m["metric"] == "accuracy"}
     for setting, want in zip(ROWS, expected):
-        assert [acc[(setting, lang)] for lang in [*xrag.LANGS, "avg"]] == [want] * 5, setting
-    t6 = xrag.tables(metrics, o).split(f"**Table 6: controlled analysis of {name} ")[1]
+        assert [acc[(setting, lang)] for lang in [*LANGS, "avg"]] == [want] * 5, setting
+    t6 = XRAG.render(o, [], metrics).markdown.split(f"**Table 6: controlled analysis of {name} ")[1]
     t6 = t6.split("\n\n**")[0]
     for setting, want in zip(ROWS, expected):
-        label = xrag.SETTING_SPECS[setting].label
+        label = SETTING_SPECS[setting].label
         assert f"| {label} | " + " | ".join([f"{want:.2f}"] * 5) + " |" in t6

@@ -1,4 +1,4 @@
-"""xling/tasks/xrag.py on the test-written fixture tests/data/xrag/xrag.test.jsonl."""
+"""xling/studies/xrag/ on the test-written fixture tests/data/xrag/xrag.test.jsonl."""
 
 import csv
 import io
@@ -7,11 +7,19 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import load_xrag_items
+from pydantic import ValidationError
 from sklearn.metrics import cohen_kappa_score
 
-from xling.studies.xrag import study as xrag
+from xling.studies.base import Evidence, PromptSet, StudyInputs
+from xling.studies.registry import get_study
+from xling.studies.xrag import data, prompts
+from xling.studies.xrag.settings import (LANGS, PAPER_SETTINGS, SETTING_SPECS, SETTINGS,
+                                         expected_language)
 from xling.tasks.languages import UnknownLanguageError
 from xling.tasks.parsers import PARSERS
+
+XRAG = get_study("xrag")
 
 DATA = Path(__file__).parent / "data" / "xrag" / "xrag.test.jsonl"
 # Figure 18's article block (xrag.txt L624): <text_i> text </text_i> then <date_i> date </date_i>
@@ -19,7 +27,29 @@ ARTICLE = re.compile(r"^<text_(\d+)> (.*?) </text_\1>\n<date_\1> (.*?) </date_\1
 
 
 def opts(**kw):
-    return xrag.check_options({"data": str(DATA), **kw})
+    return XRAG.validate_options({"data": str(DATA), **kw})
+
+
+def build_prompts(o, setting, lang, translations=None):
+    return XRAG.build_prompts(o, setting, lang, inputs=StudyInputs(translations=translations))
+
+
+def score(o, gens, judgments, detected=None, labels=None):
+    return XRAG.score(o, gens, Evidence(judgments=judgments, detected=detected, labels=labels))
+
+
+def render(metrics, o):
+    rendered = XRAG.render(o, [], metrics)
+    assert rendered.plots == {}
+    return rendered.markdown
+
+
+def option_errors(raw) -> str:
+    """The options' errors as the config shows them: `study.options.<key>: <message>`."""
+    with pytest.raises(ValidationError) as info:
+        XRAG.validate_options(raw)
+    return "\n".join(f"study.options.{'.'.join(map(str, e['loc']))}: "
+                     f"{e['msg'].removeprefix('Value error, ')}" for e in info.value.errors())
 
 
 def content(row):
@@ -41,15 +71,15 @@ def article_heads(text):
 
 @pytest.fixture(scope="module")
 def items():
-    return {it["id"]: it for it in xrag.load_items(str(DATA))}
+    return {it["id"]: it for it in load_xrag_items(DATA)}
 
 
 @pytest.fixture(scope="module")
 def fake_translations():
     out = {}
-    for lang in xrag.LANGS:
+    for lang in LANGS:
         with open(DATA, "rb") as f:
-            for row in xrag.iter_article_documents(f, lang=lang, source="xrag-articles"):
+            for row in data.iter_article_documents(f, lang=lang, source="xrag-articles"):
                 out[row["doc_id"]] = f"[EN translation of {row['doc_id']}] The text in English."
     return out
 
@@ -59,7 +89,7 @@ def fake_translations():
 def test_options_defaults_and_aliases():
     o = opts()
     assert o["langs"] == ["de", "es", "zh", "ar"]
-    assert o["settings"] == list(xrag.PAPER_SETTINGS)  # the paper's settings only
+    assert o["settings"] == list(PAPER_SETTINGS)  # the paper's settings only
     assert (o["article_order"], o["shuffle_seed"], o["max_article_words"], o["limit"],
             o["translations"], o["expected"]) == ("given", 0, None, None, "xrag-articles",
                                                   "auto")
@@ -71,30 +101,34 @@ def test_options_defaults_and_aliases():
     ({}, r"study\.options\.data: required"),
     ({"langs": ["fr"]}, r"study\.options\.langs: \['fr'\] not in XRAG"),
     ({"settings": ["mono", "bogus"]}, r"study\.options\.settings: unknown setting"),
-    ({"article_order": "random"}, r"study\.options\.article_order: unknown order"),
-    ({"limit": 0}, r"study\.options\.limit: must be a positive integer"),
+    ({"article_order": "random"}, r"study\.options\.article_order: Input should be 'given'"),
+    ({"limit": 0}, r"study\.options\.limit: Input should be greater than or equal to 1"),
+    ({"limit": True}, r"study\.options\.limit: Input should be a valid integer"),
     ({"max_article_words": "100"}, r"study\.options\.max_article_words"),
     ({"shuffle_seed": "x"}, r"study\.options\.shuffle_seed"),
-    ({"judges": 3}, r"study\.options\.judges: unknown option"),
+    ({"judges": 3}, r"study\.options\.judges: Extra inputs are not permitted"),
     ({"settings": ["multi_ed"]}, r"'multi_ed' it was not the paper's MonoRAG"),
     ({"expected": "/nope.yaml"}, r"study\.options\.expected: file not found"),
 ])
 def test_options_errors(raw, match):
     raw = {"data": str(DATA), **raw} if raw else raw
-    with pytest.raises(ValueError, match=match):
-        xrag.check_options(raw)
+    assert re.search(match, option_errors(raw))
 
 
 def test_unknown_language_code_is_a_language_error():
-    with pytest.raises(UnknownLanguageError, match="'dee'"):
+    with pytest.raises(ValidationError) as info:
         opts(langs=["de", "dee"])
+    (error,) = info.value.errors()
+    assert error["loc"] == ("langs",)
+    assert isinstance(error["ctx"]["error"], UnknownLanguageError)
+    assert "'dee'" in error["msg"]
 
 
 # --- loader ------------------------------------------------------------------------------
 
 def test_loader_subsets_and_articles(items):
     assert len(items) == 24
-    for lang in xrag.LANGS:
+    for lang in LANGS:
         for subset in ("mono", "multi"):
             assert sum(1 for it in items.values()
                        if it["lang"] == lang and it["subset"] == subset) == 3
@@ -123,7 +157,7 @@ def test_loader_turns_bad_lines_into_error_items(tmp_path):
     path.write_text("\n".join([lines[0], '{"id": "x", "question": "trunc', json.dumps(broken),
                                json.dumps(no_lang), "[1, 2]", ""] + lines[3:]) + "\n",
                     encoding="utf-8")
-    loaded = xrag.load_items(str(path))
+    loaded = load_xrag_items(path)
     assert len(loaded) == 24 + 2  # 24 lines kept (3 as errors) + 2 unreadable lines
     errors = [it for it in loaded if it["error"]]
     assert len(errors) == 4
@@ -133,12 +167,12 @@ def test_loader_turns_bad_lines_into_error_items(tmp_path):
     assert "'fr'" in errors[2]["error"]
     assert "expected a JSON object" in errors[3]["error"]
     # prompts: error rows, counted once per setting, the rest unaffected
-    o = xrag.check_options({"data": str(path)})
-    de = xrag.build_prompts(o, "mono", "de")
+    o = XRAG.validate_options({"data": str(path)})
+    de = build_prompts(o, "mono", "de")
     assert [r["item_id"] for r in de if r["error"]] == [
         "xrag.dev.jsonl:line2", broken["id"], no_lang["id"], "xrag.dev.jsonl:line5"]
     assert sum(r["error"] is None for r in de) == 1
-    assert all(r["error"] is None for r in xrag.build_prompts(o, "mono", "es"))
+    assert all(r["error"] is None for r in build_prompts(o, "mono", "es"))
 
 
 def test_article_languages_come_from_a_field_when_present(tmp_path, items):
@@ -146,27 +180,27 @@ def test_article_languages_come_from_a_field_when_present(tmp_path, items):
     line["article_langs"] = ["de", "en", "de", "en", "en", "en", "de", "de"]
     path = tmp_path / "x.jsonl"
     path.write_text(json.dumps(line) + "\n", encoding="utf-8")
-    (it,) = xrag.load_items(str(path))
+    (it,) = load_xrag_items(path)
     assert it["subset"] == "multi"
     assert [a["lang"] for a in it["articles"]] == line["article_langs"]
     assert {a["lang_source"] for a in it["articles"]} == {"field"}
 
 
 def test_guess_article_language():
-    assert xrag.guess_article_language("Der Rat hat am Montag die neue Regel für die Stadt "
+    assert data.guess_article_language("Der Rat hat am Montag die neue Regel für die Stadt "
                                        "beschlossen, und sie wird im Juli gelten.", "de") == "de"
-    assert xrag.guess_article_language("The council said that the rule will apply in July.",
+    assert data.guess_article_language("The council said that the rule will apply in July.",
                                        "de") == "en"
-    assert xrag.guess_article_language("El consejo dijo que la regla se aplicará en julio.",
+    assert data.guess_article_language("El consejo dijo que la regla se aplicará en julio.",
                                        "es") == "es"
-    assert xrag.guess_article_language("市议会表示，新规定将于七月生效。", "zh") == "zh"
-    assert xrag.guess_article_language("قال المجلس إن القاعدة ستطبق في يوليو.", "ar") == "ar"
-    assert xrag.guess_article_language("Apple said on Monday it sold 10 phones.", "zh") == "en"
+    assert data.guess_article_language("市议会表示，新规定将于七月生效。", "zh") == "zh"
+    assert data.guess_article_language("قال المجلس إن القاعدة ستطبق في يوليو.", "ar") == "ar"
+    assert data.guess_article_language("Apple said on Monday it sold 10 phones.", "zh") == "en"
 
 
 def test_article_documents_for_translation(items):
     with open(DATA, "rb") as f:
-        rows = list(xrag.iter_article_documents(f, lang="es", source="xrag-articles"))
+        rows = list(data.iter_article_documents(f, lang="es", source="xrag-articles"))
     expected = [a for it in items.values() if it["lang"] == "es" and it["subset"] == "multi"
                 for a in it["articles"] if a["lang"] == "es"]
     assert len(rows) == 12
@@ -177,7 +211,7 @@ def test_article_documents_for_translation(items):
     assert set(rows[0]) == {"doc_id", "lang", "title", "text", "source", "date", "error"}
     # text streams and malformed lines
     bad = io.StringIO('{"broken\n' + DATA.read_text(encoding="utf-8"))
-    rows = list(xrag.iter_article_documents(bad, lang="zh", source="s"))
+    rows = list(data.iter_article_documents(bad, lang="zh", source="s"))
     assert rows[0]["error"] and rows[0]["doc_id"] == "s:line1"
     assert len(rows) == 1 + 12
 
@@ -186,33 +220,47 @@ def test_article_documents_for_translation(items):
 
 def test_cells_inputs_parsers():
     o = opts(langs=["de", "zh"], settings=["mono", "multi"])
-    assert xrag.prompt_cells(o) == [{"setting": "mono", "lang": "de"},
-                                    {"setting": "multi", "lang": "de"},
-                                    {"setting": "mono", "lang": "zh"},
-                                    {"setting": "multi", "lang": "zh"}]
-    assert xrag.input_files(o) == [str(DATA)]
-    for s in xrag.SETTINGS:
-        assert xrag.parser_for(s) == "answer_tag" and "answer_tag" in PARSERS
-    assert [s for s in xrag.SETTINGS if xrag.needs_translation(s)] == [
+    assert XRAG.prompt_sets(o) == [PromptSet("mono", "de"), PromptSet("multi", "de"),
+                                   PromptSet("mono", "zh"), PromptSet("multi", "zh")]
+    assert XRAG.input_files(o) == [str(DATA)]
+    for s in SETTINGS:
+        assert XRAG.parser_for(s) == "answer_tag" and "answer_tag" in PARSERS
+    assert XRAG.parsers() == {} and XRAG.judge_parser(o) == "verdict"
+    assert XRAG.translation_source(o) == "xrag-articles"
+    assert XRAG.score_columns == ("truncated_from",)
+    assert [s for s in SETTINGS if XRAG.needs_translation(s)] == [
         "multi_eq_es", "multi_en_x", "ext_multi_xq_es", "ext_multi_xq_es_ed"]
-    assert xrag.expected_language("mono", "de") == "de"
-    assert xrag.expected_language("mono_en", "de") == "en"
-    assert xrag.expected_language("multi_eq", "zh") == "en"     # +EQ: question and answer
-    assert xrag.expected_language("no_retrieval", "ar") == "en"  # Table 3 is English
+    assert expected_language("mono", "de") == "de"
+    assert expected_language("mono_en", "de") == "en"
+    assert expected_language("multi_eq", "zh") == "en"     # +EQ: question and answer
+    assert expected_language("no_retrieval", "ar") == "en"  # Table 3 is English
     with pytest.raises(ValueError, match="unknown XRAG setting"):
-        xrag.needs_translation("bogus")
+        XRAG.needs_translation("bogus")
+
+
+def test_study_sections_documents_and_prompt_files():
+    need = XRAG.required_sections(opts(settings=["mono", "multi_en_x"]))["translate"]
+    assert "multi_en_x" in need and "add translate.documents entry 'xrag-articles' " \
+        "(format: xrag)" in need
+    assert XRAG.required_sections(opts(settings=["mono", "multi"])) == {}
+    with open(DATA, "rb") as f:   # the translate stage's `format: xrag` documents
+        assert len(list(XRAG.read_documents("xrag", f, lang="es", source="s"))) == 12
+    with pytest.raises(ValueError, match="no document format 'trec'"):
+        XRAG.read_documents("trec", io.BytesIO(b""), lang="es", source="s")
+    assert [p.name for p in XRAG.prompt_files()] == ["prompts.yaml"]
+    XRAG.load_prompt_files()
 
 
 N_ARTICLES = {"no_retrieval": 0, "ext_no_retrieval_xq": 0, "oracle": 2, "ext_oracle_xq": 2,
               "ext_multi_oracle_xq": 2}
 
 
-@pytest.mark.parametrize("setting", xrag.SETTINGS)
+@pytest.mark.parametrize("setting", SETTINGS)
 def test_every_setting_builds_prompts(setting, items, fake_translations):
     o = opts()
-    spec = xrag.SETTING_SPECS[setting]
-    for lang in xrag.LANGS:
-        rows = xrag.build_prompts(o, setting, lang, translations=fake_translations)
+    spec = SETTING_SPECS[setting]
+    for lang in LANGS:
+        rows = build_prompts(o, setting, lang, translations=fake_translations)
         assert len(rows) == 3
         for r in rows:
             assert (r["study"], r["setting"], r["lang"]) == ("xrag", setting, lang)
@@ -235,13 +283,13 @@ def test_every_setting_builds_prompts(setting, items, fake_translations):
 
 def test_no_retrieval_and_oracle(items):
     o = opts()
-    for r in xrag.build_prompts(o, "no_retrieval", "ar"):
+    for r in build_prompts(o, "no_retrieval", "ar"):
         text = content(r)
         assert "<text_" not in text and "<articles>" not in text
         assert f"<question> {items[r['item_id']]['en_question']} </question>" in text
         assert all(a["text"] not in text for a in items[r["item_id"]]["articles"])
     for setting in ("oracle", "ext_oracle_xq", "ext_multi_oracle_xq"):
-        for r in xrag.build_prompts(o, setting, "es"):
+        for r in build_prompts(o, setting, "es"):
             arts = items[r["item_id"]]["articles"]
             assert sorted(article_texts(content(r))) == sorted(a["text"] for a in arts
                                                                if a["supporting"])
@@ -249,7 +297,7 @@ def test_no_retrieval_and_oracle(items):
 
 def test_en_en_x_uses_the_translations(items, fake_translations):
     o = opts()
-    for r in xrag.build_prompts(o, "multi_en_x", "zh", translations=fake_translations):
+    for r in build_prompts(o, "multi_en_x", "zh", translations=fake_translations):
         text = content(r)
         it = items[r["item_id"]]
         for a in it["articles"]:
@@ -268,27 +316,27 @@ def test_missing_translation_is_an_error_row_naming_the_doc(fake_translations):
     assert missing in fake_translations
     partial = {k: v for k, v in fake_translations.items() if k != missing}
     for setting in ("multi_eq_es", "ext_multi_xq_es_ed"):  # ml-de-004#a0 is supporting
-        rows = xrag.build_prompts(o, setting, "de", translations=partial)
+        rows = build_prompts(o, setting, "de", translations=partial)
         assert [r["error"] is None for r in rows] == [True, False, True]
         assert missing in rows[1]["error"] and rows[1]["prompt"] is None
         assert rows[1]["item_id"] == "ml-de-004"
     # +EQ, +ES translates only the supporting articles: a distractor's translation is unused
     distractor = "ml-de-004#a2"
     partial = {k: v for k, v in fake_translations.items() if k != distractor}
-    assert all(r["error"] is None for r in xrag.build_prompts(o, "multi_eq_es", "de",
+    assert all(r["error"] is None for r in build_prompts(o, "multi_eq_es", "de",
                                                                 translations=partial))
-    rows = xrag.build_prompts(o, "multi_en_x", "de", translations=partial)
+    rows = build_prompts(o, "multi_en_x", "de", translations=partial)
     assert distractor in rows[1]["error"]
-    none = xrag.build_prompts(o, "multi_en_x", "de")
+    none = build_prompts(o, "multi_en_x", "de")
     assert all(r["error"] and "no English translation" in r["error"] for r in none)
     # settings that do not translate ignore the dictionary
-    assert all(r["error"] is None for r in xrag.build_prompts(o, "multi", "de"))
+    assert all(r["error"] is None for r in build_prompts(o, "multi", "de"))
 
 
 def test_article_order_options(items):
     def orders(**kw):
         return {r["item_id"]: article_texts(content(r))
-                for r in xrag.build_prompts(opts(**kw), "mono", "es")}
+                for r in build_prompts(opts(**kw), "mono", "es")}
 
     given, stored = orders(), orders(article_order="stored")
     for item_id, texts in given.items():
@@ -303,7 +351,7 @@ def test_article_order_options(items):
         sup = {a["text"] for a in items[item_id]["articles"] if a["supporting"]}
         assert set(texts[-2:]) == sup
     by_date = {r["item_id"]: [d for _, d in article_heads(content(r))]
-               for r in xrag.build_prompts(opts(article_order="date"), "mono", "es")}
+               for r in build_prompts(opts(article_order="date"), "mono", "es")}
     assert all(d == sorted(d) for d in by_date.values())
     s0, s0b, s1 = (orders(article_order="shuffled", shuffle_seed=s) for s in (0, 0, 1))
     assert s0 == s0b and s0 != s1
@@ -312,21 +360,21 @@ def test_article_order_options(items):
 
 
 def test_truncation_and_limit():
-    rows = xrag.build_prompts(opts(max_article_words=5), "multi", "zh")
+    rows = build_prompts(opts(max_article_words=5), "multi", "zh")
     for r in rows:
         for body in article_texts(content(r)):
             assert body.endswith(" …")
-            words = xrag._UNIT.findall(body[:-2])
+            words = prompts.WORD_UNIT.findall(body[:-2])
             assert len(words) == 5
-    assert xrag.truncate_words("这是一个测试句子", 3) == "这是一 …"
-    assert xrag.truncate_words("one two three", 3) == "one two three"
-    assert xrag.truncate_words("one two three four", 2) == "one two …"
-    assert len(xrag.build_prompts(opts(limit=2), "mono", "de")) == 2
+    assert prompts.truncate_words("这是一个测试句子", 3) == "这是一 …"
+    assert prompts.truncate_words("one two three", 3) == "one two three"
+    assert prompts.truncate_words("one two three four", 2) == "one two …"
+    assert len(build_prompts(opts(limit=2), "mono", "de")) == 2
 
 
 def test_judge_prompt_uses_the_settings_languages(items):
     it = items["ml-de-003"]
-    text = xrag.judge_prompt({**it, "setting": "multi"}, "1250 Menschen")[0]["content"]
+    text = prompts.judge_prompt({**it, "setting": "multi"}, "1250 Menschen")[0]["content"]
     assert f"<question> {it['question']} </question>" in text
     assert f"<golden answer> {it['answer']} </golden answer>" in text
     assert "<generated_answer> 1250 Menschen </generated_answer>" in text
@@ -334,7 +382,7 @@ def test_judge_prompt_uses_the_settings_languages(items):
     assert "5. If the generated answer is in a different language than the golden answer" in text
     assert '"answer": [correct or incorrect]' in text
     for setting in ("multi_eq", "multi_en_x", "oracle"):
-        text = xrag.judge_prompt({**it, "setting": setting}, "1250 people")[0]["content"]
+        text = prompts.judge_prompt({**it, "setting": setting}, "1250 people")[0]["content"]
         assert f"<question> {it['en_question']} </question>" in text
         assert f"<golden answer> {it['en_answer']} </golden answer>" in text
         assert it["question"] not in text
@@ -369,7 +417,7 @@ def scored():
             gens.append(gen(f"{lang}{k}", lang=lang))
             judg += judged(f"{lang}{k}", [v, v, v], lang=lang)
             detected[("mono", lang, "m", f"{lang}{k}")] = lang
-    return xrag.score(opts(), gens, judg, detected)
+    return score(opts(), gens, judg, detected)
 
 
 def metric(metrics, name, lang="de", setting="mono", model="m"):
@@ -423,19 +471,19 @@ def test_score_english_baseline_and_missing_languages():
     judg = judged("A", ["correct"] * 3, setting="mono_en") + judged("B", ["incorrect"] * 3,
                                                                     setting="mono_en")
     detected = {("mono_en", "de", "m", "A"): "en", ("mono_en", "de", "m", "B"): "en"}
-    items, m = xrag.score(opts(), gens, judg, detected)
+    items, m = score(opts(), gens, judg, detected)
     assert [r["verdict"] for r in items] == [True, False]  # English is expected here
     assert metric(m, "accuracy", setting="mono_en")["value"] == 50
     assert not [r for r in m if r["metric"] == "response_language_error_rate"]
     assert not [r for r in m if r["lang"] == "avg"]        # es/zh/ar missing: no average
-    _, m = xrag.score(opts(langs=["de"]), gens, judg, detected)
+    _, m = score(opts(langs=["de"]), gens, judg, detected)
     assert metric(m, "accuracy", "avg", "mono_en")["value"] == 50
     # without detections there is no language check
-    items, m = xrag.score(opts(), gens, judg)
+    items, m = score(opts(), gens, judg)
     assert [r["lang_ok"] for r in items] == [None, None]
     assert not [r for r in m if "language" in r["metric"]]
     # without a judge panel: no verdicts, only answer (and language) rates
-    items, m = xrag.score(opts(), gens + [gen("C", setting="mono_en", answer=None)], None,
+    items, m = score(opts(), gens + [gen("C", setting="mono_en", answer=None)], None,
                           detected)
     assert [r["verdict"] for r in items] == [None, None, None]
     assert [r["error"] for r in items] == [None, None, None]
@@ -456,7 +504,7 @@ def test_kappa_against_human_labels(tmp_path):
     # the panel's majorities (A is a tie over two valid votes), against the humans
     panel = [False, True, True, True, True, True, False]
     human = [labels[g["item_id"]] == "correct" for g in gens]
-    items, m = xrag.score(opts(), gens, judg, detected, labels=str(path))
+    items, m = score(opts(), gens, judg, detected, labels=str(path))
     assert [r["judge_correct"] for r in items] == panel
     k = metric(m, "kappa", "all", "all", "all")
     assert k["n"] == 7 and k["value"] == pytest.approx(cohen_kappa_score(panel, human))
@@ -469,13 +517,13 @@ def test_kappa_against_human_labels(tmp_path):
             r = json.loads(line)
             w.writerow([r["item_id"], r["setting"], r["lang"], r["model"],
                         1 if r["label"] == "correct" else 0])
-    _, m2 = xrag.score(opts(), gens, judg, detected, labels=str(csv_path))
+    _, m2 = score(opts(), gens, judg, detected, labels=str(csv_path))
     assert metric(m2, "kappa", "all", "all", "all")["value"] == pytest.approx(k["value"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"item_id": "A", "setting": "mono", "lang": "de", "model": "m", '
                    '"label": "maybe"}\n')
     with pytest.raises(ValueError, match="line 1: label must be correct/incorrect"):
-        xrag.score(opts(), gens, judg, detected, labels=str(bad))
+        score(opts(), gens, judg, detected, labels=str(bad))
 
 
 def test_judge_rows_for_generations(items):
@@ -483,7 +531,7 @@ def test_judge_rows_for_generations(items):
             gen("ml-zh-004", lang="zh", setting="multi_eq", answer="1337 people"),
             gen("mo-es-002", lang="es", answer=None, error="no <answer> tag in the output"),
             gen("nope", lang="es")]
-    rows = xrag.judge_rows(opts(), gens)
+    rows = XRAG.judge_rows(opts(), gens)
     assert {r["study"] for r in rows} == {"xrag"}
     assert [r["error"] is None for r in rows] == [True, True, False, False]
     assert "<generated_answer> 1200 personas </generated_answer>" in rows[0]["prompt"][0]["content"]
@@ -518,11 +566,11 @@ def test_tables_have_the_papers_shape(scored):
              for s, v in (("mono_en", 80.0), ("multi", 40.0), ("multi_en_x", 70.0),
                           ("multi_eq", 45.0), ("multi_eq_es", 60.0), ("no_retrieval", 5.0),
                           ("ext_multi_xq_es_ed", 55.0))
-             for lang in list(xrag.LANGS) + ["avg"] for model in ("m", "other")]
+             for lang in list(LANGS) + ["avg"] for model in ("m", "other")]
     extra.append({"study": "xrag", "setting": "all", "lang": "all", "model": "all",
                   "metric": "kappa", "value": 0.71, "ci_low": None, "ci_high": None, "n": 50})
     extra.append(_acc("multi", "zh", "other", 2.0, "truncated"))
-    md = xrag.tables(m + extra, opts(expected=None))
+    md = render(m + extra, opts(expected=None))
     t3, t4, t5 = (md.split(f"**Table {n}")[1].split("\n\n**")[0] for n in (3, 4, 5))
     assert "| Model | No Retrieval | Oracle Retrieval |" in t3
     assert "| m | 5.00 | – |" in t3
@@ -550,7 +598,7 @@ def test_tables_have_the_papers_shape(scored):
     assert "| other | multi: XRAG-MultiR | – | – | 2 | – | – |" in md   # truncated count
     assert "| all | 0.71 |" in md
     assert "paper:" not in md   # expected: null
-    empty = xrag.tables([])
+    empty = render([], opts())
     assert "Table 4" in empty and "(no results)" in empty
 
 
@@ -559,8 +607,8 @@ def test_tables_put_the_published_numbers_beside_ours(tmp_path):
     not run shows only ours; an Avg over fewer languages than the paper's gets no difference."""
     rows = [_acc(s, lang, model, 50.0) for s in ("oracle", "mono", "mono_en", "multi",
                                                  "multi_eq", "multi_eq_es", "multi_en_x")
-            for lang in list(xrag.LANGS) + ["avg"] for model in ("GPT-4o-2024-08-06", "qwen")]
-    md = xrag.tables(rows, opts())   # expected: auto = configs/xrag.expected.yaml
+            for lang in list(LANGS) + ["avg"] for model in ("GPT-4o-2024-08-06", "qwen")]
+    md = render(rows, opts())   # expected: auto = configs/xrag.expected.yaml
     t4 = md.split("**Table 4")[1].split("\n\n**")[0]
     assert "| ↳ paper: GPT-4o | 62.40 | 55.90 | 56.80 | 54.70 | 54.70 | 55.50 |" in t4
     assert "| ↳ Δ (ours − paper) | -12.40 | -5.90 | -6.80 | -4.70 | -4.70 | -5.50 |" in t4
@@ -573,20 +621,20 @@ def test_tables_put_the_published_numbers_beside_ours(tmp_path):
     assert "| ↳ paper: GPT-4o | 65.00 | 57.33 | 62.00 | 60.33 | 61.16 |" in t6   # +EQ, +ES
     assert "paper:" not in md.split("**Table 6: controlled analysis of qwen")[1]
     # a run over two languages: its Avg is not the paper's Avg
-    md = xrag.tables(rows, opts(langs=["de", "zh"]))
+    md = render(rows, opts(langs=["de", "zh"]))
     t4 = md.split("**Table 4")[1].split("\n\n**")[0]
     assert "| ↳ Δ (ours − paper) | -12.40 | -5.90 | -6.80 | -4.70 | -4.70 | – |" in t4
     # an expected file of one's own, by path
     own = tmp_path / "mine.expected.yaml"
     own.write_text("models: {Mine: {aliases: [qwen]}}\ntable4: {Mine: {en: 40.0}}\n")
-    md = xrag.tables(rows, opts(expected=str(own)))
+    md = render(rows, opts(expected=str(own)))
     assert "| ↳ paper: Mine | 40.00 | – |" in md and "GPT-4o |" not in md
 
 
 def test_score_counts_truncated_prompts_and_abstentions():
     gens = [dict(gen("A", setting="no_retrieval", answer="None"), truncated_from=9000),
             gen("B", setting="no_retrieval", answer="800 people")]
-    items, m = xrag.score(opts(), gens, judged("A", ["incorrect"] * 3, setting="no_retrieval")
+    items, m = score(opts(), gens, judged("A", ["incorrect"] * 3, setting="no_retrieval")
                           + judged("B", ["correct"] * 3, setting="no_retrieval"))
     assert [(i["truncated"], i["abstained"]) for i in items] == [(True, True), (False, False)]
     assert metric(m, "truncated", setting="no_retrieval")["value"] == 1
