@@ -66,12 +66,13 @@ def main() -> None:
     from xling.core.runner import Runner
     from xling.core.store import RunStore
     from xling.jobs.narrow import NarrowStage
-    from xling.studies.cross import study as cross
+    from xling.studies.registry import get_study
 
     gpu = torch.cuda.is_available()
     files = data_files(args.file)
-    opts = cross.check_options({"data": files, "query_langs": ["en"],
-                                "lengths": args.lengths.split(",")})
+    cross = get_study("cross")
+    opts = cross.validate_options({"data": files, "query_langs": ["en"],
+                                   "lengths": args.lengths.split(",")})
     clang = opts["context_langs"][0]
     t = time.perf_counter()
     got = cross.narrow_inputs(opts, clang)

@@ -149,7 +149,9 @@ def test_needle_rank_within_k_exactly_when_the_gold_is_in_the_text(run):
 def test_top_k_is_exact_on_the_stored_vectors(run):
     """Every selection equals a brute-force numpy ranking (score descending, ties by index)
     of the stored sentence vectors, for every k up to the largest."""
-    from xling.studies.cross import study as cross
+    from xling.studies.cross.data import load_contexts
+    from xling.studies.cross.narrow import query_key, sentence_id
+    from xling.studies.cross.split import context_split, splitter_for
 
     store = run["store"]
     for clang, m in narrow_cells(store).items():
@@ -157,11 +159,11 @@ def test_top_k_is_exact_on_the_stored_vectors(run):
         vec = {r["_rid"].removeprefix("s:"): np.asarray(r["vector"], np.float32) for r in t}
         o = m["params"]["options"]
         sels = selections(store, m)
-        for ctx in cross.load_contexts(o):
-            split = cross.context_split(ctx, cross.splitter_for(o))
+        for ctx in load_contexts(o):
+            split = context_split(ctx, splitter_for(o))
             sents = [ctx["text"][s:e] for s, e in split.spans]
-            mat = np.stack([vec[cross.sentence_id(s)] for s in sents]).astype(np.float64)
-            q = vec[cross.query_key("en", ctx["needles"])].astype(np.float64)
+            mat = np.stack([vec[sentence_id(s)] for s in sents]).astype(np.float64)
+            q = vec[query_key("en", ctx["needles"])].astype(np.float64)
             scores = np.array([sum(float(a) * float(b) for a, b in zip(row, q)) for row in mat])
             order = sorted(range(len(sents)), key=lambda i: (-scores[i], i))
             sel = sels[(ctx["context_id"], "en")]

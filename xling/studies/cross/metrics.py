@@ -1,0 +1,250 @@
+"""Scoring: containment of the gold number after digit normalization (the only published
+scoring code, s1.7) with ``strict`` beside it, the failure taxonomy (L178-181, L216-219),
+input reduction (L145-151), per-item scores and the metric rows of a run."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import unicodedata
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .paper import FAILURE_DETAILS, FAILURE_RULES, STUDY
+from .prompts import needs_selection, setting_name
+from .templates import unanswerable_tokens
+
+# Separators dropped between two digits: , . ' ’ Arabic thousands/decimal separators and
+# comma, space, no-break/figure/thin/narrow no-break spaces, and invisible bidi marks.
+DIGIT_SEPARATORS = (",.'\u2019\u066c\u066b\u060c \u00a0\u2007\u2009\u202f"
+                    "\u200e\u200f\u061c\u2066\u2067\u2068\u2069")
+_SEPARATOR_RE = re.compile("(?<=[0-9])[" + re.escape(DIGIT_SEPARATORS) + "](?=[0-9])")
+_SEVEN_DIGITS = re.compile(r"(?<![0-9])[0-9]{7}(?![0-9])")
+# A generation error that means the prompt did not fit the model's window.
+_REFUSED = re.compile(r"prompt too long|maximum context length|context length|too many tokens",
+                      re.I)
+
+
+def normalize_digits(text: str) -> str:
+    """Every Unicode decimal digit (category Nd: Persian, Arabic-Indic, Devanagari, ...)
+    becomes its ASCII digit, then the separators between two digits are dropped
+    (``7,252,750`` / ``7 252 750`` / ``۷٬۲۵۲٬۷۵۰`` -> ``7252750``)."""
+    if not text:
+        return ""
+    chars = [str(unicodedata.decimal(ch)) if unicodedata.category(ch) == "Nd" else ch
+             for ch in text]
+    return _SEPARATOR_RE.sub("", "".join(chars))
+
+
+def seven_digit_numbers(text: str) -> list[str]:
+    return _SEVEN_DIGITS.findall(normalize_digits(text))
+
+
+def contains_gold(output: str | None, gold: str) -> bool:
+    """The primary metric: the gold string occurs in the normalized output (s1.7)."""
+    return bool(output) and str(gold) in normalize_digits(output)
+
+
+def strict_correct(output: str | None, gold: str) -> bool:
+    """The secondary metric: the 7-digit numbers of the output are exactly {gold}."""
+    return bool(output) and set(seven_digit_numbers(output)) == {str(gold)}
+
+
+def is_unanswerable(output: str | None, qlang: str | None = None,
+                    templates: Mapping | None = None) -> bool:
+    if not output:
+        return False
+    low = output.casefold()
+    return any(t.casefold() in low for t in unanswerable_tokens(qlang, templates))
+
+
+def gold_label(labels: Sequence) -> str:
+    """The gold answer: the only label, or the largest of several as integers (L295, L299)."""
+    return str(max(int(str(x).strip()) for x in labels))
+
+
+def score_output(output: str | None, gold: str, *, qlang: str | None = None,
+                 templates: Mapping | None = None) -> dict:
+    return {"correct": contains_gold(output, gold), "strict": strict_correct(output, gold),
+            "unanswerable": is_unanswerable(output, qlang, templates),
+            "numbers": seven_digit_numbers(output or "")}
+
+
+def failure_class(*, correct: bool, target_in_cap: bool, all_in_cap: bool | None = None,
+                  unanswerable: bool = False, refused: bool = False,
+                  rule: str = "target") -> tuple[str, str]:
+    """(class, detail) of one item (L178-181, L216-219). Classes: ``correct``,
+    ``embedding_failure`` (the target label, or with ``rule="all"`` any label, is not in
+    what the LLM saw), ``llm_failure`` (everything needed was there; detail
+    ``llm_unanswerable`` or ``llm_incorrect``), ``too_long`` (the prompt was refused)."""
+    if rule not in FAILURE_RULES:
+        raise ValueError(f"rule must be one of {list(FAILURE_RULES)}, got {rule!r}")
+    if refused:
+        return "too_long", "too_long"
+    if correct:
+        return "correct", "correct"
+    if rule == "target":
+        present = target_in_cap
+    else:
+        present = bool(all_in_cap if all_in_cap is not None else target_in_cap)
+    if not present:
+        return "embedding_failure", "embedding_failure"
+    return "llm_failure", "llm_unanswerable" if unanswerable else "llm_incorrect"
+
+
+def system_name(method: str, k) -> str:
+    """``cross@<k>`` for CROSS at a cap, else the method (a column of the tables)."""
+    return f"cross@{int(k)}" if method == "cross" else method
+
+
+def _score_one(row: Mapping, rule: str, templates: Mapping | None) -> dict:
+    meta = dict(row.get("meta") or {})
+
+    def get(key, default=None):  # a top-level key wins over meta's
+        return row[key] if key in row and row[key] is not None else meta.get(key, default)
+
+    method, k = get("method"), get("k")
+    gold = get("gold") or gold_label(get("labels"))
+    qlang = get("qlang")
+    refused = bool(row.get("too_long") or row.get("refused"))
+    scored = score_output(row.get("output"), gold, qlang=qlang, templates=templates)
+    target_in = bool(get("target_in_text", True))
+    all_in = bool(get("all_in_text", target_in))
+    cls, detail = failure_class(correct=scored["correct"], target_in_cap=target_in,
+                                all_in_cap=all_in, unanswerable=scored["unanswerable"],
+                                refused=refused, rule=rule)
+    text_words, context_words = get("text_words"), get("context_words")
+    return {
+        "model": row.get("model", "model"), "item_id": row.get("item_id"),
+        "setting": row.get("setting") or setting_name(get("needles"), method, k),
+        "needles": get("needles"), "method": method, "k": k,
+        "system": system_name(method, k), "qlang": qlang, "clang": get("clang"),
+        "length": get("length"), "length_value": get("length_value"),
+        "position": get("position"), "run": get("run"), "gold": gold,
+        "correct": scored["correct"] and not refused,
+        "strict": scored["strict"] and not refused,
+        "unanswerable": scored["unanswerable"], "refused": refused,
+        "failure": cls, "failure_detail": detail,
+        "target_in_cap": target_in, "all_in_cap": all_in,
+        "target_rank": get("target_rank"),
+        "hit": (target_in if method == "cross" else None),
+        "reduction_words": ((1 - text_words / context_words)
+                            if text_words is not None and context_words else None),
+        "n_prompt_tokens": row.get("n_prompt_tokens"),
+    }
+
+
+def score_rows(rows: Iterable[Mapping], *, rule: str = "target",
+               templates: Mapping | None = None) -> pd.DataFrame:
+    """Per-item scores. Each row holds ``output`` (None for an error/refused generation),
+    ``meta`` (from ``prompts.prompt_row``; its keys may also sit at the top level) and
+    optionally ``model``, ``item_id``, ``error``, ``too_long``/``refused`` and
+    ``n_prompt_tokens``. Rows are scored one by one: only a row's own output counts."""
+    frame = pd.DataFrame.from_records([_score_one(r, rule, templates) for r in rows])
+    if len(frame) and frame["n_prompt_tokens"].notna().any():
+        frame = add_token_reduction(frame)
+    else:
+        frame["reduction_tokens"] = None
+    return frame
+
+
+def add_token_reduction(items: pd.DataFrame) -> pd.DataFrame:
+    """``reduction_tokens`` = 1 - prompt tokens / the baseline's prompt tokens for the same
+    (model, item_id, qlang) (refused baseline rows keep their token count); Fig 14, L145-151."""
+    base = items[items["method"] == "baseline"].set_index(["model", "item_id", "qlang"])[
+        "n_prompt_tokens"]
+    base = base[~base.index.duplicated()]
+    keys = list(zip(items["model"], items["item_id"], items["qlang"]))
+    den = pd.Series([base.get(key) for key in keys], index=items.index, dtype="float64")
+    items = items.copy()
+    items["reduction_tokens"] = 1 - items["n_prompt_tokens"].astype("float64") / den
+    return items
+
+
+def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float | None, float | None]:
+    """Wilson score interval of hits/n, in % (XRAG's, kept here so that one study does not
+    import another's internals)."""
+    if n == 0:
+        return None, None
+    share = hits / n
+    denominator = 1 + z * z / n
+    mid = (share + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / denominator
+    return 100 * max(0.0, mid - half), 100 * min(1.0, mid + half)
+
+
+def score_items(opts: Mapping, generations: Sequence[Mapping]) -> list[dict]:
+    """One item per generation: the scored ones (:func:`score_rows`), then those whose prompt
+    could not be built (``failure: error``: counted, never scored as correct)."""
+    rows = []
+    for g in generations:
+        meta = g.get("meta")
+        meta = json.loads(meta) if isinstance(meta, str) else (meta or {})
+        err = g.get("error")
+        refused = bool(err and _REFUSED.search(err))
+        rows.append({**g, "meta": meta, "refused": refused, "too_long": None,  # the policy
+                     "output": None if err else g.get("output"),
+                     "gen_error": err})
+    usable = [r for r in rows if r["meta"]]
+    scored = score_rows(usable, rule=opts.get("embedding_failure", "target"))
+    items = []
+    for r, rec in zip(usable, scored.to_dict("records")):
+        rec.update(setting=r["setting"], lang=r["lang"], error=r["gen_error"])
+        items.append(rec)
+    for r in rows:
+        if not r["meta"]:
+            items.append({"model": r.get("model"), "item_id": r.get("item_id"),
+                          "setting": r.get("setting"), "lang": r.get("lang"), "correct": False,
+                          "failure": "error", "error": r.get("gen_error") or "no prompt"})
+    return items
+
+
+def _group_metrics(setting: str, lang: str, model: str, group: list[dict]) -> list[dict]:
+    metrics = []
+
+    def add(metric, value, n, lo=None, hi=None):
+        metrics.append({"study": STUDY, "setting": setting, "lang": lang, "model": model,
+                        "metric": metric, "value": value, "ci_low": lo, "ci_high": hi, "n": n})
+
+    n = len(group)
+    for metric, key in (("accuracy", "correct"), ("strict_accuracy", "strict")):
+        k = sum(1 for i in group if i.get(key))
+        add(metric, 100.0 * k / n, n, *wilson(k, n))
+    for cls in (*FAILURE_DETAILS[1:], "error"):
+        k = sum(1 for i in group if i.get("failure_detail", i.get("failure")) == cls)
+        add(cls, 100.0 * k / n, n)
+    if needs_selection(setting):
+        k = sum(1 for i in group if i.get("target_in_cap"))
+        add("hit", 100.0 * k / n, n, *wilson(k, n))
+    for red in ("reduction_words", "reduction_tokens"):
+        vals = [i[red] for i in group if i.get(red) is not None and not pd.isna(i[red])]
+        if vals:
+            add(red, 100.0 * float(np.mean(vals)), len(vals))
+    for dim, key in (("length", "length"), ("depth", "position")):
+        by: dict[str, list[bool]] = defaultdict(list)
+        for i in group:
+            if i.get(key) is not None:
+                by[str(i[key])].append(bool(i.get("correct")))
+        for value, correct in by.items():
+            add(f"accuracy|{dim}={value}", 100.0 * sum(correct) / len(correct), len(correct))
+    return metrics
+
+
+def score(opts: Mapping, generations: Sequence[Mapping]) -> tuple[list, list]:
+    """Items (one per generation, with its failure class) and metric rows per (setting,
+    lang = q-c, model): accuracy and strict accuracy with Wilson 95% intervals, the failure
+    classes, hit rate of the target (CROSS), input reduction, refused prompts; accuracy also
+    by length and by depth (``accuracy|length=2k``, ``accuracy|depth=50``)."""
+    items = score_items(opts, generations)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for item in items:
+        groups[(item["setting"], item["lang"], item["model"])].append(item)
+    metrics = []
+    for (setting, lang, model), group in sorted(groups.items(),
+                                                key=lambda kv: tuple(map(str, kv[0]))):
+        metrics += _group_metrics(setting, lang, model, group)
+    return items, metrics

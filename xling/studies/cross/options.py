@@ -1,0 +1,260 @@
+"""CROSS's ``study.options``: a pydantic model whose field descriptions are the user
+documentation. ``Options.model_validate(raw).as_options()`` is the dict cell params carry
+(and hash); fields are validated in definition order, so ``context_langs`` and
+``query_langs``, which check against other options, come last."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
+                      StrictBool, ValidationInfo, field_validator, model_validator)
+
+from xling.studies.base import StudyOptions
+from xling.tasks.languages import validate_languages
+
+from .data import lang_of_file
+from .paper import KS, LANGS, NEEDLES
+from .templates import load_templates, prompt_template
+
+
+def _listed(value: Any) -> Any:
+    """A scalar (a string or an integer) stands for a one-element list."""
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return [value]
+    return value
+
+
+def _sorted_once(values: list) -> list:
+    return sorted(dict.fromkeys(values))
+
+
+def _once(values: list) -> list:
+    return list(dict.fromkeys(values))
+
+
+def _needle_count(count: int) -> int:
+    if count not in NEEDLES:
+        raise ValueError(f"bad needle count {count}; use one of {list(NEEDLES)} (L281, L283)")
+    return count
+
+
+def _codes(values: list[str]) -> list[str]:
+    """Language codes (any alias the language table knows) as dataset codes, in order."""
+    return [x.code for x in validate_languages(values)]
+
+
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+NeedleCount = Annotated[int, Field(strict=True), AfterValidator(_needle_count)]
+Character = Annotated[str, Field(min_length=1, max_length=1)]
+Languages = Annotated[list[str], BeforeValidator(_listed), Field(min_length=1)]
+
+
+class DataEntry(BaseModel):
+    """One mLongRR CSV file of ``data``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="A local path (or a URI pyarrow opens) of an mLongRR CSV.")
+    lang: str | None = Field(None, description=(
+        "The context language; default: from the file name (`Swahili_needles.csv` -> sw)."))
+    length_unit: str | None = Field(None, description=(
+        "What the lengths count: `tokens:<tokenizer>` (the shared v1 files count GPT-4o "
+        "tokens) or `words:<how>` (V2 counts words, s1.3); default: the file's `count_unit` "
+        "column."))
+    needles: int | None = Field(None, description=(
+        "1, 2 or 3; if given, it must match the columns (`label` vs `label1..n`), which say "
+        "it anyway."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_path(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"path": value}
+        if not isinstance(value, dict):
+            raise ValueError(f"a data entry is a path or a mapping with `path`, got {value!r}; "
+                             "write `- path: .../English_needles.csv`")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _exists(cls, path: str) -> str:
+        if "://" not in path and not os.path.isfile(path):
+            raise ValueError(f"file not found: {path}; give the path of an mLongRR CSV (get "
+                             "them with `git clone https://github.com/PortNLP/mLongRR "
+                             "data/mLongRR`)")
+        return path
+
+    @field_validator("length_unit")
+    @classmethod
+    def _unit(cls, unit: str | None) -> str | None:
+        if unit is not None and not re.fullmatch(r"(words|tokens):\S+", unit):
+            raise ValueError(f"length_unit {unit!r} is not `words:<how>` or "
+                             "`tokens:<tokenizer>`; e.g. `tokens:gpt-4o` (v1) or `words:nltk` (V2)")
+        return unit
+
+    @field_validator("needles", mode="before")
+    @classmethod
+    def _needles(cls, needles: Any) -> Any:
+        if needles is not None and (type(needles) is not int or needles not in (1, 2, 3)):
+            raise ValueError(f"needles must be 1, 2 or 3, got {needles!r}; or leave it out: "
+                             "the columns say it")
+        return needles
+
+    @model_validator(mode="after")
+    def _language(self) -> DataEntry:
+        lang = self.lang or lang_of_file(self.path)
+        if lang is None:
+            raise ValueError(f"no language for {self.path}; add `lang: <code>` (the file name "
+                             "is not <Language>_needles.csv)")
+        code = validate_languages([lang])[0].code
+        if code not in LANGS:
+            raise ValueError(f"language {code!r} is not an mLongRR-V2 language; CROSS covers "
+                             f"{list(LANGS)}")
+        self.lang = code
+        return self
+
+
+class Options(StudyOptions):
+    """CROSS on mLongRR: the data, the grid (query and context languages, needles, caps k,
+    methods), the prompt and selection choices, and the scoring rule. A list option also
+    takes one value (`ks: 10` is `ks: [10]`)."""
+
+    data: list[DataEntry] = Field(description=(
+        "Required: the mLongRR CSV files, each a path or `{path, lang, length_unit, "
+        "needles}`, e.g. `data: [../shared/data/mlongrr/1-needle/English_needles.csv]`."))
+    needles: Annotated[list[NeedleCount], BeforeValidator(_listed),
+                       AfterValidator(_sorted_once)] = Field(
+        default_factory=lambda: list(NEEDLES), min_length=1, description=(
+            "Needle counts to run: 1 (at depth 0/25/50/75/100 %, L281) and/or 3 (the largest "
+            "is the gold, L295)."))
+    ks: Annotated[list[PositiveInt], BeforeValidator(_listed), AfterValidator(_sorted_once)] = \
+        Field(default_factory=lambda: list(KS), min_length=1, description=(
+            "CROSS's caps: the top k sentences the LLM sees (L55)."))
+    methods: Annotated[list[Literal["baseline", "cross", "needle_only"]],
+                       BeforeValidator(_listed), AfterValidator(_once)] = Field(
+        default_factory=lambda: ["baseline", "cross"], min_length=1, description=(
+            "`baseline` (the whole context, L90), `cross` (the top k sentences, L53-55; needs "
+            "a `narrow:` section), `needle_only` (the needles alone, the L102 sanity check)."))
+    prompt_variant: Literal["paper", "no_unanswerable"] = Field("paper", description=(
+        "`paper` (Appendix D.2), or `no_unanswerable` (the UNANSWERABLE sentence removed, "
+        "L234)."))
+    order: Literal["score", "document"] = Field("score", description=(
+        "Order of the selected sentences: `score` (most similar first; the LLM processes "
+        "\"the top-ranked segments irrespective of their position\", L27, and L202 names "
+        "ranking ambiguity), or `document` (the ablation)."))
+    join: Literal[" ", "\n"] = Field(" ", description=(
+        "What joins the selected sentences: one space (as v1) or a newline."))
+    query_text: Literal["question", "instruction"] = Field("question", description=(
+        "What the sentences are ranked against: the question sentence in the query language, "
+        "or the whole instruction (the paper says only \"the query\", L55)."))
+    splitter: Literal["punkt_english", "punkt_untrained"] = Field("punkt_english", description=(
+        "The sentence splitter: NLTK Punkt with the English parameters shipped with the study "
+        "(v1's choice for every language, s2.1), or untrained Punkt."))
+    extra_terminators: list[Character] = Field(default_factory=list, description=(
+        "Single characters that also end a sentence, e.g. `[\"।\", \"؟\", \"۔\"]` (a flagged "
+        "variant, s2.1)."))
+    lengths: list[str] | None = Field(None, description=(
+        "Keep only these context lengths (e.g. `[2k, 8k]`); default: all."))
+    positions: list[str] | None = Field(None, description=(
+        "Keep only these needle depths (e.g. `[0, 50]`); default: all."))
+    runs: list[str] | None = Field(None, description="Keep only these runs; default: all.")
+    templates: str | None = Field(None, description=(
+        "A templates.json laid out like the packaged `xling/studies/cross/data/templates.json` "
+        "(the default)."))
+    allow_unverified: StrictBool = Field(False, description=(
+        "Allow prompts that use unverified strings (`v1_adapted`, `draft`). Only the English "
+        "prompts are verified (`paper`); each prompt row records the weakest status it used."))
+    embedding_failure: Literal["target", "all"] = Field("target", description=(
+        "When a wrong answer is an embedding failure: the target (largest) label is not in "
+        "the cap (L180), or any label is not."))
+    limit: PositiveInt | None = Field(None, description=(
+        "Only the first N contexts of each file (a smoke run); default: all."))
+    context_langs: Languages | None = Field(None, validate_default=True, description=(
+        "Haystack languages to run; default: every language in `data`."))
+    query_langs: Languages = Field(default_factory=lambda: list(LANGS), validate_default=True,
+                                   description=(
+        "Query (prompt) languages; default the seven of mLongRR-V2 (L271), which need "
+        "`allow_unverified: true` until their strings are reviewed."))
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _data_list(cls, value: Any) -> Any:
+        if isinstance(value, (str, dict)):
+            return [value]
+        if not isinstance(value, list) or not value:
+            raise ValueError(
+                "required: a list of mLongRR CSV files; set e.g. `data: [../shared/data/"
+                "mlongrr/1-needle/English_needles.csv]` or entries `{path, lang, length_unit}`")
+        return value
+
+    @field_validator("extra_terminators", mode="before")
+    @classmethod
+    def _no_terminators(cls, value: Any) -> Any:
+        return value or []  # null (or an empty value) is none
+
+    @field_validator("lengths", "positions", "runs", mode="before")
+    @classmethod
+    def _filter(cls, value: Any) -> list[str] | None:
+        if value is None:
+            return None
+        if not isinstance(value, list) or not value:
+            raise ValueError(f"must be a non-empty list or null, got {value!r}; leave it out "
+                             "to keep every value")
+        return [str(x) for x in value]
+
+    @field_validator("templates")
+    @classmethod
+    def _templates(cls, path: str | None) -> str | None:
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"file not found: {path!r}; give a templates.json laid out like "
+                             "xling/studies/cross/data/templates.json")
+        load_templates(path)  # a malformed file is an error here
+        return path
+
+    @field_validator("context_langs")
+    @classmethod
+    def _context_langs(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if "data" not in info.data:
+            return value  # `data` is wrong: that error is the one to show
+        data_langs = _once([d.lang for d in info.data["data"]])
+        if value is None:
+            return data_langs
+        codes = _codes(value)
+        missing = [c for c in codes if c not in data_langs]
+        if missing:
+            raise ValueError(f"{missing} have no file in `data`; the data files cover "
+                             f"{data_langs}")
+        return codes
+
+    @field_validator("query_langs")
+    @classmethod
+    def _query_langs(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        codes = _codes(value)
+        outside = [q for q in codes if q not in LANGS]
+        if outside:
+            raise ValueError(f"{outside} not in mLongRR-V2; choose from {list(LANGS)}")
+        if all(k in info.data for k in ("needles", "prompt_variant", "templates",
+                                         "allow_unverified")):
+            _check_prompts(codes, info.data)
+        return _once(codes)
+
+
+def _check_prompts(qlangs: list[str], opts: dict) -> None:
+    """Every (query language, needle count) has a prompt, made of verified strings unless
+    ``allow_unverified``."""
+    templates = load_templates(opts["templates"])
+    for qlang in qlangs:
+        for n in opts["needles"]:
+            try:
+                _, status = prompt_template(qlang, n, variant=opts["prompt_variant"],
+                                            templates=templates)
+            except KeyError as e:
+                raise ValueError(f"no {n}-needle prompt for {qlang!r} ({e}); add its strings "
+                                 "to the templates file") from None
+            if status not in templates["_verified"] and not opts["allow_unverified"]:
+                raise ValueError(f"the {n}-needle prompt for {qlang!r} uses {status!r} strings, "
+                                 "which are unverified; have them reviewed (templates.json) or "
+                                 "set `allow_unverified: true`")

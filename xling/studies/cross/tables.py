@@ -1,0 +1,209 @@
+"""The paper-shaped tables from the item scores (pandas): T1's summary with the paper's
+<=64k / >64k / mid / edge slices, accuracy by length, depth and k, hit@k, the query x
+context matrices, failure classes and input reduction, rendered as markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import pandas as pd
+
+from xling.tasks.tables import frame_table
+
+from .data import length_value
+from .paper import FAILURE_DETAILS, LANGS, MID_POSITIONS
+
+
+def length_order(values: Iterable[str]) -> list[str]:
+    """Length labels, shortest first."""
+    return sorted(set(values), key=lambda v: (length_value(v) or 0, str(v)))
+
+
+def system_order(system: str) -> tuple:
+    """Sort key of a system: baseline, cross@k by k, cross (the mean), needle_only."""
+    if system.startswith("cross@"):
+        return (1, int(system[6:]))
+    return ({"baseline": 0, "cross": 2, "needle_only": 3}.get(system, 4), 0)
+
+
+def _pct(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(100 * values.astype(float).mean()) if len(values) else float("nan")
+
+
+def accuracy_table(items: pd.DataFrame, by: str | Sequence[str], *, metric: str = "correct",
+                   cross_mean: bool = True) -> pd.DataFrame:
+    """% of items with ``metric`` true, rows ``needles`` x ``by``, columns system (per model
+    when there are several): baseline, cross@k..., ``cross`` (unweighted mean over k, the
+    paper's "CROSS" average, s3.1), needle_only."""
+    by = [by] if isinstance(by, str) else list(by)
+    multi = items["model"].nunique() > 1
+    col = ["model", "system"] if multi else ["system"]
+    grouped = items.groupby(["needles", *by, *col], dropna=False)[metric].apply(_pct)
+    table = grouped.unstack(col)
+    if cross_mean:
+        cross_cols = [c for c in table.columns
+                      if str(c[1] if multi else c).startswith("cross@")]
+        if cross_cols:
+            if multi:
+                for m in sorted({c[0] for c in cross_cols}):
+                    table[(m, "cross")] = table[[c for c in cross_cols if c[0] == m]].mean(axis=1)
+            else:
+                table["cross"] = table[cross_cols].mean(axis=1)
+    cols = sorted(table.columns, key=lambda c: (c[0], system_order(c[1])) if multi
+                  else system_order(c))
+    table = table[cols]
+    if multi:
+        table.columns = [f"{m}: {s}" for m, s in table.columns]
+    else:
+        table.columns = [str(c) for c in table.columns]
+    table.columns.name = None
+    if "length" in by:
+        order = length_order(items["length"])
+        table = table.reindex(sorted(table.index, key=lambda ix: (
+            ix[0], *[order.index(v) if b == "length" else v
+                     for b, v in zip(by, ix[1:])])))
+    return table
+
+
+def table_summary(items: pd.DataFrame) -> pd.DataFrame:
+    """T1 (s5.5): accuracy over all cases and the paper's slices, rows needles x model x
+    system: ``<=64k`` / ``>64k`` (L110: "under 64k words", the five lengths 2k-64k), ``mid``
+    (depths 25/50/75, L125) and ``edge`` (0/100); ``cross`` = the mean over k."""
+    def acc(g: pd.DataFrame) -> dict:
+        lengths, positions = g["length_value"], g["position"]
+        return {"all": _pct(g["correct"]), "<=64k": _pct(g.loc[lengths <= 64_000, "correct"]),
+                ">64k": _pct(g.loc[lengths > 64_000, "correct"]),
+                "mid": _pct(g.loc[positions.isin(MID_POSITIONS), "correct"]),
+                "edge": _pct(g.loc[positions.isin((0, 100)), "correct"]), "n": len(g)}
+
+    rows = {}
+    for (n, model, system), g in items.groupby(["needles", "model", "system"]):
+        rows[(n, model, system)] = acc(g)
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.names = ["needles", "model", "system"]
+    for n, model in {(ix[0], ix[1]) for ix in table.index}:
+        ks = [ix for ix in table.index
+              if ix[:2] == (n, model) and str(ix[2]).startswith("cross@")]
+        if ks:
+            mean = table.loc[ks].drop(columns="n").mean(axis=0)
+            table.loc[(n, model, "cross"), :] = [*mean.tolist(), int(table.loc[ks, "n"].sum())]
+    table["n"] = table["n"].astype(int)
+    return table.reindex(sorted(table.index,
+                                key=lambda ix: (ix[0], ix[1], system_order(ix[2]))))
+
+
+def table_by_length(items: pd.DataFrame) -> pd.DataFrame:
+    """Fig 1 / 15 / 16: accuracy by context length."""
+    return accuracy_table(items, "length")
+
+
+def table_by_depth(items: pd.DataFrame) -> pd.DataFrame:
+    """Fig 2 / 17: accuracy by needle depth (1 needle; 3-needle rows by window/position)."""
+    return accuracy_table(items, "position")
+
+
+def table_by_k(items: pd.DataFrame) -> pd.DataFrame:
+    """Fig 12 / 13: CROSS accuracy by cap size k (rows needles x k, columns model)."""
+    cross = items[items["method"] == "cross"]
+    table = cross.groupby(["needles", "k", "model"])["correct"].apply(_pct).unstack("model")
+    table.columns.name = None
+    table.index = table.index.set_levels(table.index.levels[1].astype(int), level=1)
+    return table
+
+
+def table_pairs(items: pd.DataFrame, *, system: str = "cross", needles: int | None = None
+                ) -> pd.DataFrame:
+    """Fig 11 / T5: query language (rows) x context language (columns) accuracy, with a
+    ``mean`` row and column (unweighted means of the cells). ``system`` ``cross`` pools every
+    k (= the mean over k at equal n); or ``baseline``, ``cross@10``, ..."""
+    chosen = (items[items["method"] == "cross"] if system == "cross"
+              else items[items["system"] == system])
+    if needles is not None:
+        chosen = chosen[chosen["needles"] == needles]
+    matrix = chosen.groupby(["qlang", "clang"])["correct"].apply(_pct).unstack("clang")
+    rows = [q for q in LANGS if q in matrix.index] + [q for q in matrix.index if q not in LANGS]
+    cols = ([c for c in LANGS if c in matrix.columns]
+            + [c for c in matrix.columns if c not in LANGS])
+    matrix = matrix.reindex(index=rows, columns=cols)
+    matrix["mean"] = matrix.mean(axis=1)
+    matrix.loc["mean"] = matrix.mean(axis=0)
+    matrix.index.name, matrix.columns.name = "query \\ context", None
+    return matrix
+
+
+def table_failures(items: pd.DataFrame, by: Sequence[str] = ("needles", "model", "system")
+                   ) -> pd.DataFrame:
+    """Fig 6 / 8 / 9 / 18 / 19: failure classes in % of all items (rows sum to 100)."""
+    by = list(by)
+    table = pd.crosstab([items[b] for b in by], items["failure_detail"],
+                        normalize="index") * 100
+    for c in FAILURE_DETAILS:
+        if c not in table.columns:
+            table[c] = 0.0
+    table = table[list(FAILURE_DETAILS)]
+    table["llm_failure"] = table["llm_unanswerable"] + table["llm_incorrect"]
+    table.columns.name = None
+    if "system" in by:
+        table = table.reindex(sorted(table.index, key=lambda ix: tuple(
+            system_order(v) if b == "system" else v for b, v in zip(by, ix))))
+    return table
+
+
+def table_hits(items: pd.DataFrame) -> pd.DataFrame:
+    """LLM-free retrieval: % of CROSS items whose target (``hit@k``) and all labels
+    (``all@k``) were in the cap, by needles x k."""
+    cross = items[items["method"] == "cross"].astype({"k": int})
+    return cross.groupby(["needles", "k"]).agg(
+        **{"hit@k": ("target_in_cap", _pct), "all@k": ("all_in_cap", _pct),
+           "n": ("target_in_cap", "size")})
+
+
+def table_reduction(items: pd.DataFrame, *, column: str = "reduction_words") -> pd.DataFrame:
+    """Fig 14: mean input reduction (%) of CROSS by context length x context language."""
+    cross = items[items["method"] == "cross"].dropna(subset=[column])
+    table = cross.groupby(["length", "clang"])[column].mean().unstack("clang") * 100
+    table = table.reindex(index=length_order(table.index),
+                          columns=[c for c in LANGS if c in table.columns] +
+                          [c for c in table.columns if c not in LANGS])
+    table.columns.name = None
+    return table
+
+
+def tables(items: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Every table of the study (item scores from ``metrics.score_rows``) by name."""
+    out = {"summary": table_summary(items), "by_length": table_by_length(items),
+           "by_depth": table_by_depth(items)}
+    if (items["method"] == "cross").any():
+        out["by_k"] = table_by_k(items)
+        out["hits"] = table_hits(items)
+        for n in sorted(items["needles"].unique()):
+            out[f"pairs_{n}n"] = table_pairs(items, needles=int(n))
+        if items["reduction_words"].notna().any():
+            out["reduction"] = table_reduction(items)
+    if (items["method"] == "baseline").any():
+        for n in sorted(items["needles"].unique()):
+            out[f"pairs_{n}n_baseline"] = table_pairs(items, system="baseline", needles=int(n))
+    out["failures"] = table_failures(items)
+    return out
+
+
+TABLE_TITLES = {
+    "summary": "Accuracy (%): all, <=64k / >64k, mid (25-75) / edge (0, 100) (T1; L108-127)",
+    "by_length": "Accuracy (%) by context length (Fig 1, 15, 16)",
+    "by_depth": "Accuracy (%) by needle depth (Fig 2, 17)",
+    "by_k": "CROSS accuracy (%) by cap size k (Fig 12, 13)",
+    "hits": "Target / all needles in the cap (%), LLM-free",
+    "reduction": "Mean input reduction (%) of CROSS, whitespace words (Fig 14)",
+    "failures": "Failure classes (% of all items; Fig 6, 8, 9)",
+}
+
+
+def markdown_tables(items: pd.DataFrame) -> str:
+    parts = []
+    for name, table in tables(items).items():
+        title = TABLE_TITLES.get(name) or (
+            f"Query x context accuracy (%), {name.split('_')[1]}"
+            f"{', baseline' if name.endswith('baseline') else ', CROSS (all k)'} (Fig 11)")
+        parts.append(frame_table(table, digits=1, title=title))
+    return "\n\n".join(parts) + "\n"
