@@ -75,7 +75,7 @@ test: setup
 	# waiting on Ray, JVM and vLLM start-up, subprocesses and fault-injection delays (a
 	# sequential run keeps the 2 cores about a quarter busy), so two files overlap well; three
 	# made Ray's RPCs time out. Raylets get more time to start than Ray's default, and every
-	# Ray start waits longer for a late raylet (xling.dev.localcluster.patient_node_lookup).
+	# Ray start waits longer for a late raylet (xling.core.runtime.patient_node_lookup).
 	RAY_raylet_start_wait_time_s=120 $(BIN)/python -m pytest -q -ra -n 2 --dist loadfile \
 	  --durations=25 tests
 

@@ -63,7 +63,7 @@ def ray_local():
     import ray
     import ray.data
 
-    from xling.dev.localcluster import patient_node_lookup
+    from xling.core.runtime import patient_node_lookup
 
     patient_node_lookup()  # two xdist workers start Rays side by side on 2 cores
     here = os.path.dirname(os.path.abspath(__file__))

@@ -65,7 +65,7 @@ def _local(node):
 
 def plan(config: Path) -> list[str]:
     """`[stage] cell-id` lines, in validate's order, for one config over its stand-ins."""
-    from xling.cli import stage_registry
+    from xling.pipeline import stage_registry
     from xling.config import validate_config
     from xling.core.runner import Runner
     from xling.core.store import RunStore

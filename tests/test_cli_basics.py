@@ -84,7 +84,7 @@ def test_a_local_ray_that_times_out_starting_is_started_again(monkeypatch, tmp_p
     import pytest
     import ray
 
-    from xling.cli import init_ray
+    from xling.core.runtime import init_ray
     from xling.config import load_config
 
     cfg = load_config(_config(tmp_path))
@@ -108,3 +108,31 @@ def test_a_local_ray_that_times_out_starting_is_started_again(monkeypatch, tmp_p
     with pytest.raises(RuntimeError, match="bad"):  # other errors are not retried
         init_ray(cfg, None, logging.WARNING)
     assert calls == []
+
+
+def test_help_lists_every_config_key_with_its_field_description(capsys):
+    """`--help` is generated from the config models: every section in the overview, every
+    key of a stage's section with its Field description, the studies from the registry."""
+    import pytest
+
+    from xling.cli import STAGES, _models, build_parser
+    from xling.config import XlingConfig
+    from xling.studies.registry import NAMES
+
+    def help_of(*argv):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*argv, "--help"])
+        return capsys.readouterr().out
+
+    top = help_of()
+    assert all(f"\n  {name}" in top for name in XlingConfig.model_fields)
+    assert " | ".join(NAMES) in " ".join(top.split())
+    assert " | ".join(NAMES) in " ".join(help_of("generate").split())  # study.task
+    for stage in STAGES:
+        text = " ".join(help_of(stage).split())
+        assert f"settings ({stage}.*" in text
+        [section] = _models(XlingConfig.model_fields[stage].annotation)
+        for key, field in section.model_fields.items():
+            assert f" {key}" in text, (stage, key)
+            if field.description:
+                assert " ".join(field.description.split()) in text, (stage, key)

@@ -174,7 +174,7 @@ def local_ray(monkeypatch):
     for k, v in loopback_env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
-    from xling.dev.localcluster import patient_node_lookup
+    from xling.core.runtime import patient_node_lookup
 
     patient_node_lookup()
     ray.init(num_cpus=2, include_dashboard=False)

@@ -116,7 +116,7 @@ def ray_one_cpu():
 
     started = not ray.is_initialized()
     if started:
-        from xling.dev.localcluster import patient_node_lookup
+        from xling.core.runtime import patient_node_lookup
 
         patient_node_lookup()
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)

@@ -123,7 +123,7 @@ def test_node_lookup_waits_longer_than_rays_fixed_30_s(monkeypatch):
     still fails, after XLING_RAYLET_START_WAIT_S."""
     import ray._private.services as services
 
-    from xling.dev.localcluster import patient_node_lookup
+    from xling.core.runtime import patient_node_lookup
 
     calls = []
 

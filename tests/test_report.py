@@ -128,7 +128,7 @@ def run_root(tmp_path, monkeypatch):
 
 def test_report_html_and_markdown(run_root):
     store, cfg = run_root
-    from xling.cli import stage_registry
+    from xling.pipeline import stage_registry
 
     text = write_report(store, cfg, stage_registry())
     # the config asks for four evaluate cells (fi/sw x fi/sw), an index and a retrieve cell
@@ -259,7 +259,7 @@ def test_fusion_cells_are_the_configs_own(tmp_path, monkeypatch):
     """Fusions are made after the retrieve runs (`after_run`); the report counts them as the
     config's cells, not as cells of a superseded config."""
     monkeypatch.chdir(REPO)
-    from xling.cli import stage_registry
+    from xling.pipeline import stage_registry
     from xling.config import validate_config
     from xling.jobs.report import config_cells
     from xling.jobs.retrieve import fusion_cells

@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xling.core.runtime import patient_node_lookup
 from xling.dev.devstore import port_free
 
 __all__ = ["LocalCluster", "LocalClusterError", "loopback_env", "pin_ray_to_loopback", "start_local_cluster", "main"]
@@ -531,33 +532,6 @@ def _ray_start_shim(args: list[str]) -> int:
     patient_node_lookup()
     sys.argv = ["ray", *args]
     return scripts.main()
-
-
-def patient_node_lookup() -> None:
-    """Ray gives a new raylet a fixed 30 s to register with the GCS (`ray start` and a local
-    `ray.init`, ray/_private/node.py) and reads no setting for it. On a loaded 2-core
-    machine (CI, with other tests starting their own Ray) that is sometimes not enough, and
-    the node start fails. Each lookup here keeps asking for up to XLING_RAYLET_START_WAIT_S
-    (default 90 s) first. Idempotent."""
-    import ray._private.services as services
-
-    lookup = services.get_node
-    if getattr(lookup, "_xling_patient", False):
-        return
-    wait_s = float(os.environ.get("XLING_RAYLET_START_WAIT_S", "90"))
-
-    def patient(gcs_address, node_id, *args, **kwargs):
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                return lookup(gcs_address, node_id, *args, **kwargs)
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-
-    patient._xling_patient = True  # type: ignore[attr-defined]
-    services.get_node = patient
 
 
 def main(argv: list[str] | None = None) -> int:

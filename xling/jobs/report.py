@@ -577,7 +577,7 @@ def write_report(store: RunStore, cfgs: "XlingConfig | list[XlingConfig] | None"
     """Write report/index.html and report/summary.md; return the markdown.
 
     `cfgs` (the config, or a sweep's configs) goes into the provenance block and, with
-    `registry` (the CLI's stage classes by name, `xling.cli.stage_registry()`), decides which
+    `registry` (the stage classes by name, `xling.pipeline.stage_registry()`), decides which
     cells are current; `current` (a set of `stage/cell` dirs) does so directly. Otherwise
     every cell is current."""
     if cfgs is not None and not isinstance(cfgs, list):
