@@ -63,7 +63,7 @@ def judge_reply(prompt: str, model: str) -> str:
 
 
 def _queries() -> dict[str, str]:
-    from xling.studies.mirage.study import load_queries
+    from xling.studies.mirage.data import load_queries
 
     return {it["query_id"]: it["query"] for lang in ("en", "sw")
             for it in load_queries(str(DATA / "mirage-bench"), lang)}
@@ -170,7 +170,10 @@ def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
 def test_mirage_published_route(tmp_path):
     """The paper's leaderboards from the hub's published answers, features and verdicts:
     no generate, features or arena cells; the same tables as score() on the loaders."""
-    from xling.studies.mirage import study as mirage
+    from xling.studies.base import Evidence
+    from xling.studies.registry import get_study
+
+    mirage = get_study("mirage")
 
     run_root = tmp_path / "run"
     opts = [f"study.options.data={DATA}/mirage-bench", "study.options.source=published",
@@ -187,9 +190,9 @@ def test_mirage_published_route(tmp_path):
     (ev,) = manifests(store, "evaluate")
     got = store.read_parquet([f"{ev['dir']}/part-00000.parquet"]).to_pylist()
     raw = {k.split("=", 1)[0].removeprefix("study.options."): k.split("=", 1)[1] for k in opts}
-    o = mirage.check_options({**raw, "langs": ["en", "sw"], "tournaments": 20, "matches": 4,
-                              "held_out": ["google/gemma-1.1-2b-it"]})
-    _, want = mirage.score(o, [], None)
+    o = mirage.validate_options({**raw, "langs": ["en", "sw"], "tournaments": 20,
+                                 "matches": 4, "held_out": ["google/gemma-1.1-2b-it"]})
+    _, want = mirage.score(o, [], Evidence())
     key = lambda r: (r["lang"], r["model"], r["metric"])  # noqa: E731
     assert {key(r): r["value"] for r in got} == pytest.approx({key(r): r["value"] for r in want},
                                                                nan_ok=True)
@@ -245,7 +248,10 @@ def test_mirage_killed_in_features_and_arena_resumes(tmp_path, s3_env):
 def test_mirage_published_layouts_read_from_s3(s3_env):
     """The hub snapshots copied into the run store (SeaweedFS S3 over HTTP) give the same
     leaderboards as the local copies."""
-    from xling.studies.mirage import study as mirage
+    from xling.studies.base import Evidence
+    from xling.studies.registry import get_study
+
+    mirage = get_study("mirage")
 
     prefix = f"mirage-pub-{int(time.time() * 1000)}"
     store = RunStore(f"s3://xling-test/{prefix}")
@@ -255,12 +261,13 @@ def test_mirage_published_layouts_read_from_s3(s3_env):
               "held_out": ["google/gemma-1.1-2b-it"]}
 
     def run(root):
-        o = mirage.check_options({"data": f"{root}/mirage-bench",
-                                  "outputs": f"{root}/mirage-bench-output",
-                                  "judgments": f"{root}/mirage-bench-pairwise-judgments",
-                                  **common})
+        o = mirage.validate_options({"data": f"{root}/mirage-bench",
+                                     "outputs": f"{root}/mirage-bench-output",
+                                     "judgments": f"{root}/mirage-bench-pairwise-judgments",
+                                     **common})
         assert all(p.startswith(root.split("/")[0]) for p in mirage.input_files(o))
-        return {(r["lang"], r["model"], r["metric"]): r["value"] for r in mirage.score(o, [], None)[1]}
+        return {(r["lang"], r["model"], r["metric"]): r["value"]
+                for r in mirage.score(o, [], Evidence())[1]}
 
     got, want = run(f"s3://xling-test/{prefix}"), run(str(DATA))
     assert got.keys() == want.keys() and got == pytest.approx(want, nan_ok=True)
