@@ -13,6 +13,11 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
+
+# The retrieval settings of the hits (bordirlines.txt; the hub's data/<lang>/<retriever>/<mode>/)
+Mode = Literal["no_ir", "qlang", "rel_langs", "qlang_en", "en", "swap"]
+MODES: tuple[str, ...] = get_args(Mode)
 
 PACKAGED = Path(__file__).resolve().parent / "data"
 UNKNOWN = "Unknown"  # the table's Controller for territories without a controller

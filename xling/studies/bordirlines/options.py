@@ -14,6 +14,8 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from xling.studies.base import StudyOptions
 from xling.studies.bordirlines.data import (
+    MODES,
+    Mode,
     load_borderlines,
     load_queries,
     queries_file,
@@ -22,10 +24,8 @@ from xling.studies.bordirlines.data import (
 from xling.tasks.languages import UnknownLanguageError, validate_languages
 
 STUDY = "bordirlines"
-Mode = Literal["no_ir", "qlang", "rel_langs", "qlang_en", "en", "swap"]
 PromptKind = Literal["direct", "citation"]
 Retriever = Literal["openai", "m3"]
-MODES: tuple[str, ...] = get_args(Mode)
 PROMPTS: tuple[str, ...] = get_args(PromptKind)
 RETRIEVERS: tuple[str, ...] = get_args(Retriever)
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from xling.studies.bordirlines.data import stamp
-from xling.studies.bordirlines.options import MODES
+from xling.studies.bordirlines.data import MODES, stamp
 
 # Table 4's columns (bordirlines.txt L466): (xling metric, the paper's header).
 TABLE_METRICS = (("KB CS", "KB CS"), ("Control CS", "Con CS"), ("Non-control CS", "Non CS"),
