@@ -45,6 +45,17 @@ def interval(lo: Any, hi: Any, digits: int = 2, *, scale: float = 1.0) -> str:
     return f"[{fmt(lo, digits, scale=scale)}, {fmt(hi, digits, scale=scale)}]"
 
 
+def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float | None, float | None]:
+    """The Wilson score interval of the share hits/n, in % ((None, None) for n = 0)."""
+    if n == 0:
+        return None, None
+    share = hits / n
+    denominator = 1 + z * z / n
+    mid = (share + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / denominator
+    return 100 * max(0.0, mid - half), 100 * min(1.0, mid + half)
+
+
 def stars(p: float | None, levels: Sequence[float] = (0.05,)) -> str:
     """One star per significance level that p is under (default: p < 0.05 -> "*")."""
     if missing(p):

@@ -5,7 +5,6 @@ input reduction (L145-151), per-item scores and the metric rows of a run."""
 from __future__ import annotations
 
 import json
-import math
 import re
 import unicodedata
 from collections import defaultdict
@@ -14,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from xling.tasks.tables import wilson
 from .paper import FAILURE_DETAILS, FAILURE_RULES, STUDY
 from .prompts import needs_selection, setting_name
 from .templates import unanswerable_tokens
@@ -164,17 +164,6 @@ def add_token_reduction(items: pd.DataFrame) -> pd.DataFrame:
     items["reduction_tokens"] = 1 - items["n_prompt_tokens"].astype("float64") / den
     return items
 
-
-def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float | None, float | None]:
-    """Wilson score interval of hits/n, in % (XRAG's, kept here so that one study does not
-    import another's internals)."""
-    if n == 0:
-        return None, None
-    share = hits / n
-    denominator = 1 + z * z / n
-    mid = (share + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / denominator
-    return 100 * max(0.0, mid - half), 100 * min(1.0, mid + half)
 
 
 def score_items(opts: Mapping, generations: Sequence[Mapping]) -> list[dict]:

@@ -10,6 +10,7 @@ import math
 import re
 from collections import defaultdict
 
+from xling.tasks.tables import wilson
 from xling.tasks.judge import cohen_kappa, language_ok, majority_vote, normalize_verdict
 
 from .data import open_path
@@ -27,16 +28,6 @@ def _key(row: dict) -> Key:
     return (str(row.get("setting")), str(row.get("lang")), str(row.get("model")),
             str(row.get("item_id")))
 
-
-def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float | None, float | None]:
-    """Wilson score interval of hits/n, in %."""
-    if n == 0:
-        return None, None
-    share = hits / n
-    denominator = 1 + z * z / n
-    mid = (share + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / denominator
-    return 100 * max(0.0, mid - half), 100 * min(1.0, mid + half)
 
 
 def read_labels(path: str) -> dict[Key, bool]:
