@@ -5,7 +5,7 @@ machine with the weights), same texts, same max lengths, in one run:
 
 - embedding: `BGEM3FlagModel.encode` (dense vectors) over all passages in one call, with
   the forward batch size xling uses, against the whole `index` stage with `engines: [dense]`
-  (partition into shards, one M3Embedder actor per CPU/GPU, embeddings committed as Parquet
+  (partition into shards, one embedder actor per CPU/GPU, embeddings committed as Parquet
   shards in the run store), from an already initialised Ray;
 - search: encode the queries and one exact FAISS `IndexFlatIP` search over all embeddings,
   against the `retrieve` stage (query rows sharded, a DenseRetriever actor embedding them,
@@ -123,7 +123,7 @@ def main() -> None:
                      "parallel": pool}})
     from xling.jobs.index import IndexStage
 
-    xe, xs, n_xling_hits = run_xling(cfg, IndexStage(), ("M3Embedder", args.actors),
+    xe, xs, n_xling_hits = run_xling(cfg, IndexStage(), ("EmbedBatches", args.actors),
                                      ("StoreDenseSearcher", args.actors))
     # The bare calls have no first output to cut at: steady = whole, model load excluded.
     print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")

@@ -102,9 +102,9 @@ def test_a_field_hashed_only_when_set_keeps_earlier_hashes():
     assert "regex" not in Sampling(max_tokens=12).as_dict()  # and so are cache keys
     assert cache_key("m", {}, Sampling(max_tokens=12), "p") != cache_key(
         "m", {}, Sampling(max_tokens=12, regex="a+"), "p")
-    from xling.core.llm import LLMSpec
+    from xling.core.llm import parse_llm_spec
 
-    assert sampling_of(LLMSpec(model="x"), SamplingSpec(regex="<a>")).regex == "<a>"
+    assert sampling_of(parse_llm_spec({"model": "x"}), SamplingSpec(regex="<a>")).regex == "<a>"
     with pytest.raises(ValueError, match="not a regular expression"):
         SamplingSpec(regex="(")
 

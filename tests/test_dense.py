@@ -3,7 +3,7 @@
 Texts: a few dozen sentences in several languages written here (always), and the real Mr.TyDi
 sample passages of ../shared (every passage, plus the first sentence of each long one as a
 document of its own) when present. They are embedded once with the tiny BGE-M3 (dense, sparse
-and ColBERT) through `M3Embedder`, then:
+and ColBERT) through `M3Embedder` (the `Embedder` that `make_embedder` builds), then:
 
 - the embedder's columns are BGEM3FlagModel.encode()'s outputs, in Arrow form;
 - dense: the embeddings split into 1, 3 and 7 uneven shards, each searched with FAISS and the
@@ -297,12 +297,33 @@ def test_outputs_and_fp16_setting(embedder, tiny_models):
                                atol=1e-6)
     if torch.cuda.is_available():
         pytest.skip("the fp16 fallback is for machines without CUDA")
-    from xling.actors.embedder import M3Embedder
+    from xling.actors.embedder import make_embedder
 
-    m = M3Embedder(tiny_models["bge_m3"], use_fp16=True)
+    m = make_embedder(tiny_models["bge_m3"], use_fp16=True)
     assert m.info["device"] == "cpu" and m.info["dtype"] == "float32"
     assert m.info["use_fp16"] is False and "use_fp16 ignored" in m.info["note"]
     assert m.info["dim"] == embedder.info["dim"] and m.info["max_length"] == 512
+    # the fingerprint keys vector caches by what was asked for, as the narrow stage's
+    # settings do: the same config finds the same cache on a CPU and on a GPU
+    assert m.fingerprint == {"max_length": 512, "fp16": True}
+
+
+def test_bge_m3_is_an_embedder_built_in_one_place(embedder, tiny_models):
+    from xling.actors.embedder import (EMBEDDERS, Embedder, M3Embedder, MultiVector,
+                                       make_embedder)
+
+    assert set(EMBEDDERS) == {"bge-m3"}
+    assert isinstance(embedder, Embedder) and isinstance(embedder, MultiVector)
+    assert embedder.dim == embedder.info["dim"]
+    assert embedder.fingerprint == {"max_length": 512, "fp16": False}
+    texts = ["Hello world.", "Der Zug fährt jede Stunde von Gleis sieben ab. " * 200]
+    want = [len(i) for i in embedder.model.tokenizer(texts, add_special_tokens=True,
+                                                     truncation=False)["input_ids"]]
+    assert embedder.count_tokens(texts) == want and want[1] > 512  # never truncated
+    built = make_embedder(tiny_models["bge_m3"], kind="bge-m3", max_length=64, batch_size=4)
+    assert type(built) is M3Embedder and built.fingerprint == {"max_length": 64, "fp16": False}
+    with pytest.raises(ValueError, match="unknown embedder 'e5'; use one of: bge-m3"):
+        make_embedder(tiny_models["bge_m3"], kind="e5")
 
 
 # ------------------------------------------------------------------------------------------

@@ -116,6 +116,37 @@ def dev_violations(root: Path = PKG) -> list[str]:
     return sorted(set(bad))
 
 
+# The extension points behind a registry: a backend is known only under core/engines/, an
+# embedder class only in actors/embedder.py; everything else asks the registry.
+BACKEND_HOME = "xling/core/engines/"
+EMBEDDER_HOME = "xling/actors/embedder.py"
+
+
+def extension_violations(root: Path = PKG) -> list[str]:
+    """Outside their homes: an import of a backend module or of an embedder class, or a
+    comparison of a `backend` with a backend's name (`spec.backend == "vllm"`)."""
+    from xling.actors.embedder import EMBEDDERS
+    from xling.core.engines import BACKENDS
+
+    embedders = [target.replace(":", ".") for target in EMBEDDERS.values()]
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        for line, name in imports_of(path, root.parent):
+            if not rel.startswith(BACKEND_HOME) and any(_hits(name, m) for m in BACKENDS.values()):
+                bad.append(f"{rel}:{line} imports the backend module {name}")
+            if rel != EMBEDDER_HOME and name in embedders:
+                bad.append(f"{rel}:{line} imports the embedder {name} (use make_embedder)")
+        if rel.startswith(BACKEND_HOME):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Compare) and "backend" in ast.unparse(node) and any(
+                    isinstance(c, ast.Constant) and c.value in BACKENDS
+                    for c in ast.walk(node)):
+                bad.append(f"{rel}:{node.lineno} asks which backend: {ast.unparse(node)}")
+    return sorted(set(bad))
+
+
 def module_graph(root: Path = PKG) -> dict[str, set[str]]:
     """module -> the xling modules it imports (packages resolved to their modules)."""
     mods = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
@@ -196,6 +227,29 @@ def test_study_checker_catches_each_planted_violation(tmp_path):
 
 def test_only_the_cli_imports_dev():
     assert dev_violations() == []
+
+
+def test_backends_and_embedders_are_known_only_to_their_registries():
+    assert extension_violations() == []
+
+
+def test_extension_checker_catches_each_planted_violation(tmp_path):
+    pkg = _plant(tmp_path, {
+        "jobs/which.py": "def f(spec):\n    return spec.backend != 'vllm'\n",
+        "core/which.py": "def f(d):\n    return d.get('backend') in ('openai',)\n",
+        "jobs/engine.py": "from xling.core.engines.openai import OpenAIEngine\n",
+        "core/embed.py": "def f():\n    from xling.actors.embedder import M3Embedder\n",
+        "core/engines/fine.py": "def f(spec):\n    return spec.backend == 'vllm'\n",
+        "core/fine.py": "from xling.actors.embedder import make_embedder\n"
+                        "from xling.core.engines import spec_class\n"
+                        "def f(kind):\n    return kind == 'vllm'\n",
+    })
+    found = extension_violations(pkg)
+    assert any(v.startswith("xling/jobs/which.py:2 asks which backend") for v in found)
+    assert any(v.startswith("xling/core/which.py:2 asks which backend") for v in found)
+    assert any(v.startswith("xling/jobs/engine.py:1 imports the backend module") for v in found)
+    assert any(v.startswith("xling/core/embed.py:2 imports the embedder") for v in found)
+    assert not any("fine.py" in v for v in found)
 
 
 def test_no_import_cycles():

@@ -9,7 +9,8 @@ import socket
 import pytest
 
 from llm_server import LLMServer
-from xling.actors.llm import OpenAIEngine, Sampling, cache_key, check_prompt
+from xling.actors.llm import Sampling, cache_key, check_prompt
+from xling.core.engines.openai import OpenAIEngine
 
 
 @pytest.fixture(scope="module")

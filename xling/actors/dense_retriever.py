@@ -1,10 +1,10 @@
 """Dense (BGE-M3) first-stage retrieval for Ray Data: embed queries, search shards exactly.
 
-The actor holds one BGE-M3 model (`actors.embedder.M3Embedder`) and, per index location, the
-embedding shards loaded once (a few locations cached per actor). Each query row names its
-partitions (index locations); for each, every shard is searched exactly (FAISS flat inner
-product, or the weighted dense + sparse + ColBERT hybrid of BGE-M3 scored against every
-document of the shard) and the per-shard top-k lists are merged exactly
+The actor holds one query embedder (`actors.embedder.make_embedder`: BGE-M3) and, per index
+location, the embedding shards loaded once (a few locations cached per actor). Each query
+row names its partitions (index locations); for each, every shard is searched exactly (FAISS
+flat inner product, or the weighted dense + sparse + ColBERT hybrid of BGE-M3 scored against
+every document of the shard) and the per-shard top-k lists are merged exactly
 (`actors.dense_search`); partitions are then merged per query (`actors.hits`).
 """
 
@@ -14,6 +14,8 @@ from collections import OrderedDict
 
 import numpy as np
 import pyarrow as pa
+
+from xling.actors.embedder import Embedder, MultiVector, make_embedder
 
 
 class DenseRetriever:
@@ -28,8 +30,6 @@ class DenseRetriever:
 
     def __init__(self, embedder: dict, load, k: int = 100, merge: str = "score",
                  max_open: int = 4, threads: int | None = None):
-        from xling.actors.embedder import M3Embedder
-
         if threads:  # Ray gives an actor OMP_NUM_THREADS = its num_cpus; this overrides it
             import faiss
             import torch
@@ -39,22 +39,22 @@ class DenseRetriever:
 
         self.k, self.merge, self.load, self.max_open = k, merge, load, max_open
         self.embedder_kwargs = dict(embedder)
-        self.embedders: dict[tuple, M3Embedder] = {}
+        self.embedders: dict[tuple, Embedder] = {}
         self.indexes: OrderedDict = OrderedDict()
         self._embedder(sparse=False, colbert=False)  # load the model now, not on first batch
 
-    def _embedder(self, sparse: bool, colbert: bool):
-        from xling.actors.embedder import M3Embedder
-
+    def _embedder(self, sparse: bool, colbert: bool) -> Embedder:
+        """The query embedder with the outputs a batch's weights need: the loaded model with
+        its outputs switched where it can (MultiVector), else a model of its own."""
         key = (sparse, colbert)
         if key not in self.embedders:
             base = next(iter(self.embedders.values()), None)
-            kw = {**self.embedder_kwargs, "sparse": sparse, "colbert": colbert,
-                  "text_column": "text"}
-            if base is not None and hasattr(base, "with_outputs"):
+            if isinstance(base, MultiVector):
                 self.embedders[key] = base.with_outputs(sparse=sparse, colbert=colbert)
             else:
-                self.embedders[key] = M3Embedder(**kw)
+                outputs = {k: True for k, on in (("sparse", sparse), ("colbert", colbert)) if on}
+                self.embedders[key] = make_embedder(**{**self.embedder_kwargs, **outputs,
+                                                       "text_column": "text"})
         return self.embedders[key]
 
     def shards(self, location: str) -> list[dict]:

@@ -1,7 +1,9 @@
-"""Ray Data actor that embeds texts with BGE-M3 through FlagEmbedding's `BGEM3FlagModel`.
+"""Text embedders: the `Embedder` protocol the index, retrieve and narrow stages use, the
+registry of implementations and `make_embedder`, the one place an embedder is built; and
+BGE-M3 (`M3Embedder`, FlagEmbedding's `BGEM3FlagModel`), the one implementation so far.
 
-Loaded once per actor: the model (local path or hub id) on one device. `__call__(batch) ->
-batch` keeps every input column and row, in order, and adds the representations asked for:
+An embedder is loaded once per actor. `__call__(batch) -> batch` keeps every input column and
+row, in order, and adds the representations asked for. BGE-M3's:
 
 - `dense`: fixed_size_list<float32>[dim], L2-normalised CLS vector (as BGE-M3 returns it);
 - `sparse_ids` list<int32> + `sparse_weights` list<float32>: BGE-M3's lexical weights, one
@@ -22,7 +24,9 @@ row by row, so one bad row becomes an error row instead of failing the Ray task.
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +34,65 @@ import pyarrow as pa
 log = logging.getLogger(__name__)
 
 EMPTY = "empty text"
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What the index, retrieve and narrow stages ask of a text embedder."""
+
+    info: dict  # what actually runs (model, dim, device, dtype, ...), for manifests and logs
+
+    @property
+    def dim(self) -> int:
+        """Length of a dense vector."""
+
+    @property
+    def fingerprint(self) -> dict:
+        """The settings, as asked for, that change a vector (not batch sizes or devices):
+        what a vector cache is keyed by besides the model and the text."""
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """The batch with `dense` (fixed_size_list<float32>[dim]) and `error` added, every
+        row and input column kept (see the module doc)."""
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Each text's length in the model's tokens, special tokens included, untruncated."""
+
+
+@runtime_checkable
+class MultiVector(Embedder, Protocol):
+    """An embedder with lexical (sparse) and per-token (ColBERT) outputs besides the dense
+    vector, for the hybrid search of actors/dense_search.py."""
+
+    def with_outputs(self, *, dense: bool | None = None, sparse: bool | None = None,
+                     colbert: bool | None = None) -> "MultiVector":
+        """The same loaded model with other outputs switched on or off (no second load)."""
+
+
+# name -> "module:Class" of an Embedder whose constructor takes (model, **settings).
+EMBEDDERS = {
+    "bge-m3": "xling.actors.embedder:M3Embedder",
+}
+DEFAULT = "bge-m3"
+
+
+def make_embedder(model: str, *, kind: str = DEFAULT, **settings) -> Embedder:
+    """The embedder `kind` loaded from `model` (a local path or hub id), with its settings
+    (BGE-M3: max_length, batch_size, use_fp16, dense, sparse, colbert, text_column, device)."""
+    if kind not in EMBEDDERS:
+        raise ValueError(f"unknown embedder {kind!r}; use one of: {', '.join(EMBEDDERS)}")
+    module, _, name = EMBEDDERS[kind].partition(":")
+    return getattr(importlib.import_module(module), name)(model, **settings)
+
+
+class EmbedBatches:
+    """Ray Data actor (map_batches) around `make_embedder(**settings)`."""
+
+    def __init__(self, **settings):
+        self.embedder = make_embedder(**settings)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return self.embedder(batch)
 
 
 class M3Embedder:
@@ -59,7 +122,7 @@ class M3Embedder:
             raise ValueError("M3Embedder: ask for at least one of dense, sparse, colbert")
         if device is None:
             device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        note = None
+        note, asked_fp16 = None, use_fp16
         if use_fp16 and not (device.startswith("cuda") and torch.cuda.is_available()):
             note = f"use_fp16 ignored: half precision is only used on CUDA, not on {device}"
             log.warning("M3Embedder: %s", note)
@@ -73,12 +136,26 @@ class M3Embedder:
         weights = next(self.model.model.parameters())
         self.max_length, self.batch_size, self.text_column = max_length, batch_size, text_column
         self.dense, self.sparse, self.colbert = dense, sparse, colbert
+        self._fingerprint = {"max_length": max_length, "fp16": asked_fp16}
         self.info = {"model": model,
                      "dim": int(self.model.model.model.config.hidden_size),
                      "colbert_dim": int(self.model.model.colbert_linear.out_features),
                      "device": str(weights.device),
                      "dtype": str(weights.dtype).removeprefix("torch."),
                      "use_fp16": use_fp16, "max_length": max_length, "note": note}
+
+    @property
+    def dim(self) -> int:
+        return self.info["dim"]
+
+    @property
+    def fingerprint(self) -> dict:
+        """max_length and fp16 as asked for (fp16 off the GPU still means the setting)."""
+        return dict(self._fingerprint)
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        ids = self.model.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+        return [len(i) for i in ids]
 
     def with_outputs(self, *, dense: bool | None = None, sparse: bool | None = None,
                      colbert: bool | None = None) -> "M3Embedder":

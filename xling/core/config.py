@@ -80,7 +80,9 @@ class RayConfig(Strict):
 def hashable(model: BaseModel) -> Any:
     """The result-relevant part of a config as plain JSON data (NoHash fields dropped)."""
     out: dict[str, Any] = {}
-    for name, field in type(model).model_fields.items():
+    # computed fields are data too (the LLM entries keep the other backend's keys that way)
+    fields = {**type(model).model_fields, **type(model).model_computed_fields}
+    for name, field in fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if extra.get("hash") is False:
             continue

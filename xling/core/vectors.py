@@ -19,6 +19,7 @@ import uuid
 import numpy as np
 import pyarrow as pa
 
+from xling.actors.embedder import Embedder, make_embedder
 from xling.core.config import stable_hash
 from xling.core.store import RunStore
 
@@ -66,7 +67,9 @@ class StoreEmbedder:
 
     `spaces[c]` is the cache namespace of cell c; `model` is what loads (a path or hub id),
     `cache_model` the name the cache is filed under (the config's, so a moved checkout keeps
-    its cache). The model (BGE-M3, `actors/embedder`) loads once, in `__init__`: a cell only
+    its cache); `settings` the embedder's fingerprint (what changes a vector), which keys
+    the cache; `embedder` the rest of `make_embedder`'s settings. The model
+    (`actors/embedder.make_embedder`: BGE-M3) loads once, in `__init__`: a cell only
     runs when it has texts to embed or rank, and a load inside the first call would stall the
     pipeline's first batch. Without a store (`store_uri=None`) nothing is cached.
     """
@@ -89,20 +92,19 @@ class StoreEmbedder:
         return self.known[space]
 
     @property
-    def embedder(self):
+    def embedder(self) -> Embedder:
         if self._embedder is None:
-            from xling.actors.embedder import M3Embedder
-
-            self._embedder = M3Embedder(self.model, dense=True, **self.embedder_kwargs)
+            self._embedder = make_embedder(self.model, **self.embedder_kwargs)
+            if self._embedder.fingerprint != self.settings:
+                raise ValueError(f"vectors would be cached under settings {self.settings}, but "
+                                 f"the embedder's are {self._embedder.fingerprint}")
         return self._embedder
 
     def _embed(self, texts: list[str]) -> tuple[list, list[int | None], list[str | None]]:
         batch = self.embedder(pa.table({"text": pa.array(texts, pa.string())}))
         errors = batch["error"].to_pylist()
         dense = batch["dense"].to_pylist()
-        tok = self.embedder.model.tokenizer(texts, add_special_tokens=True, truncation=False)
-        n_tokens = [len(ids) for ids in tok["input_ids"]]
-        return dense, n_tokens, errors
+        return dense, self.embedder.count_tokens(texts), errors
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from xling.core.runner import CELL

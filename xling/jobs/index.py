@@ -247,14 +247,14 @@ class IndexStage(Stage):
                                   store_docvectors=ic.bm25.store_docvectors,
                                   threads=ic.bm25.threads), heap=ic.bm25.heap),
                 compute=actor_pool(p, key="index.parallel"), num_cpus=p.num_cpus)
-        from xling.actors.embedder import M3Embedder
+        from xling.actors.embedder import EmbedBatches
 
         d, p = ic.dense, ic.dense.parallel
         kwargs = dict(model=resolve_model(d.model, key="index.dense.model"),
                       max_length=d.max_length, batch_size=d.encode_batch_size,
                       use_fp16=d.fp16, dense=True, sparse=d.sparse, colbert=d.colbert,
                       text_column="contents", device=None if d.device == "auto" else d.device)
-        out = ds.map_batches(M3Embedder, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
+        out = ds.map_batches(EmbedBatches, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
                              batch_size=p.batch_size, compute=actor_pool(p, key="index.dense.parallel"),
                              num_cpus=p.num_cpus, num_gpus=p.num_gpus)
         return out.drop_columns(["title", "text", "contents"])

@@ -44,6 +44,7 @@ from xling.core.llm import (
 )
 from xling.core.pools import actor_pool, pool_resources
 from xling.core.config import ConfigError
+from xling.core.engines import spec_classes
 from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, read_cell
 from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
 from xling.core.store import RunStore
@@ -163,10 +164,11 @@ def rerank_cells(cfg: XlingConfig) -> list[Cell]:
             cells.append(Cell("rerank", {"run": run.name}, {**params, "trec": run.trec},
                               inputs=[run.trec], n_shards=rc.shards))
             continue
-        if run.prp_answer == "passage_token" and rc.model.backend != "vllm":
+        if run.prp_answer == "passage_token" and not rc.model.CONTINUES_PROMPT:
+            able = " or ".join(n for n, s in spec_classes().items() if s.CONTINUES_PROMPT)
             raise ConfigError(f"rerank run '{run.name}': prp_answer: passage_token continues the "
-                              "chat prompt by ' Passage:', which needs backend: vllm; use "
-                              "prp_answer: generate with an endpoint")
+                              f"chat prompt by ' Passage:', which needs backend: {able}; use "
+                              f"prp_answer: generate with backend {rc.model.backend}")
         for up in upstream:
             if up.key["run"] == run.input:
                 inputs = [up.dir]
@@ -277,14 +279,15 @@ class RerankStage(Stage):
                                                        "prompt_style", "prp_answer",
                                                        "prp_constrain", "prp_tail")},
                   "system": c.key["run"], "sampling": c.params["sampling"],
-                  "too_long": rc.model.too_long if rc.model.backend == "vllm" else None}
+                  "options": rc.model.call_options()}
                  for c in cells]
         p = rc.model.parallel
         return ds.map_batches(
             LLMReranker, batch_format="pyarrow", batch_size=rc.batch_queries,
             fn_constructor_kwargs=dict(store_uri=RunStore(cfg.run_root).uri,
                                        engine=engine_spec(rc.model), cache=rc.cache,
-                                       env=actor_env(rc.model), calls=calls),
+                                       env=actor_env(rc.model), cache_name=rc.model.model,
+                                       calls=calls),
             compute=actor_pool(p, key="rerank.model.parallel"),
             num_cpus=p.num_cpus, num_gpus=num_gpus(rc.model))
 
@@ -391,7 +394,7 @@ class LLMReranker(StoreLLM):
                             engine.truncate(r["texts"][:depth], call["doc_tokens"]))
                  for r in good]
         sampling = Sampling(**call["sampling"])
-        options = {"too_long": call["too_long"]} if call["too_long"] else {}
+        options = dict(call["options"])
         token_answer = call["method"] == "pairwise" and call["prp_answer"] == "passage_token"
         if token_answer:  # llm-rankers: chat template + " Passage:", one token
             options["prefix"] = PASSAGE_PREFIX
