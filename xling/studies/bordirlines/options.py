@@ -146,7 +146,7 @@ class Options(StudyOptions):
         except UnknownLanguageError as e:
             raise ValueError(f"queries.tsv has language codes that xling does not know ({e}); "
                              "add them to xling/tasks/languages.py or fix the file") from None
-        return str(path.resolve())
+        return str(path)
 
     @field_validator("modes", "prompts", mode="before")
     @classmethod
@@ -181,7 +181,7 @@ class Options(StudyOptions):
         except (ValueError, yaml.YAMLError) as e:
             raise ValueError(f"cannot read {str(path)!r} ({e}); use the layout of "
                              "configs/bordirlines.expected.yaml") from None
-        return str(path.resolve())
+        return str(path)
 
     @field_validator("territories", mode="before")
     @classmethod
@@ -206,7 +206,7 @@ class Options(StudyOptions):
                                  "were made from")
         # The packaged copy stays None: an absolute path would tie every cell's hash to where
         # the checkout lives, so moving or re-cloning it would re-run finished cells.
-        return str(root.resolve()) if value else None
+        return str(root) if value else None
 
     @field_validator("docs", mode="before")
     @classmethod
@@ -216,7 +216,7 @@ class Options(StudyOptions):
             if not path.is_file():
                 raise ValueError(f"{str(path)!r} does not exist; give the passages JSON "
                                  "{lang: {doc_id: text}}")
-            return str(path.resolve())
+            return str(path)
         if not info.data.get("data"):
             return None  # data's own error says what is wrong
         data = Path(info.data["data"])
@@ -227,7 +227,7 @@ class Options(StudyOptions):
         if needs_docs and not path.is_file():
             raise ValueError(f"no passages file: {str(data / 'docs.json')!r} does not exist; "
                              "give `docs:` (JSON {lang: {doc_id: text}}) or run only mode no_ir")
-        return str(path.resolve()) if path.is_file() else None
+        return str(path) if path.is_file() else None
 
     @field_validator("langs", mode="before")
     @classmethod
