@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from test_resume import markers, sentence_corpus
+from helpers import markers, sentence_corpus
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 

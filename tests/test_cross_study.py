@@ -24,9 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import manifests, ok
 from llm_server import LLMServer
-from test_llm_stages import ok
-from test_studies import manifests
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 
@@ -226,7 +225,7 @@ def test_selections_do_not_depend_on_shards_or_batch_size(run, tmp_path):
 
 
 def test_killed_narrowing_resumes_without_embedding_twice(tmp_path):
-    from test_resume import kill_after_commits, markers, xling
+    from helpers import kill_after_commits, markers, xling
 
     root = str(tmp_path / "run")
     store = RunStore(root)

@@ -12,17 +12,16 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import os
 import random
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
 
+from helpers import VLLM, ok
 from llm_server import LLMServer
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
@@ -30,26 +29,6 @@ from xling.tasks.rerank import n_listwise_calls
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-VLLM = """backend: vllm
-      model: tiny:llama_chat
-      max_model_len: 512
-      dtype: float32          # the tiny checkpoint's dtype; vLLM CPU would cast to bf16
-      enforce_eager: true
-      parallel: {concurrency: [1, 1], batch_size: 4}"""
-
-
-def cli(*args, env=None, timeout=900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xling.cli", *args, "--no-progress"],
-                          cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def ok(*args) -> str:
-    p = cli(*args)
-    assert p.returncode == 0, p.stdout[-5000:] + p.stderr[-5000:]
-    return p.stdout + p.stderr
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -197,7 +176,7 @@ def _cell_of(store: RunStore, prompts: str, model: str) -> str:
 
 
 def test_generate_killed_and_resumed(tmp_path, tiny_models):
-    from test_resume import kill_after_commits, markers, xling
+    from helpers import kill_after_commits, markers, xling
 
     run_root = str(tmp_path / "run")
     n = 40

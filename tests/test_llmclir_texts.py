@@ -3,7 +3,7 @@ chooses its passage texts independently of the first stage. BM25 over the DT ind
 reranked on the original (Finnish) passages, dense hits over the originals on the DT
 (English) texts. The first-stage hits and the DT translations are written into the store
 as committed cells, so only the rerank stage's read runs (one local Ray), and the scripted
-judge of tests/test_rerank.py reranks what was read."""
+judge of tests/helpers.py reranks what was read."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from test_rerank import ScriptedJudge
+from helpers import ScriptedJudge
 from xling.core.store import RunStore
 from xling.tasks.rerank import Candidates, listwise_rerank
 

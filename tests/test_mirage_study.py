@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import manifests, ok
 from llm_server import LLMServer
-from test_llm_stages import ok
-from test_studies import manifests
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 
@@ -209,7 +208,7 @@ def test_mirage_killed_in_features_and_arena_resumes(tmp_path, s3_env):
     (model, prompt)), and every scored row and judgment is there exactly once."""
     import subprocess
 
-    from test_resume import kill_after_commits, markers, xling
+    from helpers import kill_after_commits, markers, xling
 
     run_root = f"s3://xling-test/mirage-kill-{int(time.time() * 1000)}"
     store = RunStore(run_root)

@@ -9,11 +9,11 @@ with vLLM is in tests/test_llm_stages.py.
 from __future__ import annotations
 
 import random
-import re
 from pathlib import Path
 
 import pytest
 
+from helpers import ScriptedJudge
 from xling.tasks import irmetrics
 from xling.tasks.rerank import (Candidates, fit_listwise, listwise_prompt, listwise_rerank,
                                 listwise_windows, n_listwise_calls, n_pairwise_calls_bound,
@@ -45,30 +45,6 @@ def shuffled_run(qrels, depth=100, seed=0, limit=None) -> list[Candidates]:
         rng.shuffle(docs)
         out.append(Candidates(qid, f"query {qid}", docs, [f"passage about {d}" for d in docs]))
     return out
-
-
-class ScriptedJudge:
-    """Prefers higher relevance; on ties answers by position (a biased judge). Counts calls."""
-
-    def __init__(self, qrels):
-        self.qrels, self.calls, self.batches = qrels, 0, []
-
-    def rel(self, qid, doc):
-        return self.qrels[qid].get(doc, 0)
-
-    def __call__(self, prompts):
-        self.calls += len(prompts)
-        self.batches.append(len(prompts))
-        return [self.answer(p[-1]["content"]) for p in prompts]
-
-    def answer(self, text):
-        qid = re.search(r"query:? \"?query (\S+?)\"?[.,]", text).group(1)
-        if "Passage A:" in text:
-            a, b = re.findall(r'^Passage [AB]: "?passage about (.+?)"?$', text, re.MULTILINE)
-            return "Passage B" if self.rel(qid, b) > self.rel(qid, a) else "Passage A"
-        ids = re.findall(r"^\[(\d+)\] passage about (.+)$", text, re.MULTILINE)
-        ranked = sorted(ids, key=lambda x: -self.rel(qid, x[1]))  # stable: ties keep order
-        return " > ".join(f"[{k}]" for k, _ in ranked)
 
 
 def as_run(results, system) -> "pa.Table":

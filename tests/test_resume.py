@@ -7,10 +7,8 @@ record ids, and the shards committed before the kill must not be recomputed: the
 (run id, commit time) are unchanged after the rerun.
 """
 
-import gzip
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,31 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ROOT, kill_after_commits, markers, sentence_corpus, xling
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 
-ROOT = Path(__file__).resolve().parents[1]
 N_SHARDS = 12
-
-
-def sentence_corpus(path: Path) -> list[str]:
-    """One document per sentence of the real demo passages (~400 records)."""
-    from sentencex import segment
-
-    ids = []
-    with path.open("w", encoding="utf-8") as out:
-        for f in sorted((ROOT / "data/demo/mrtydi").glob("*.jsonl.gz")):
-            lang = f.name.split(".")[0]
-            for line in gzip.open(f, "rt", encoding="utf-8"):
-                doc = json.loads(line)
-                for j, sent in enumerate(segment(lang, doc["text"])):
-                    if sent.strip():
-                        ids.append(f"{lang}-{doc['docid']}-{j}")
-                        out.write(json.dumps({"id": ids[-1], "body": sent}, ensure_ascii=False) + "\n")
-    # One malformed line: it must come out as an error row, not vanish.
-    with path.open("a") as out:
-        out.write('{"id": "broken", "body": \n')
-    return ids
 
 
 def write_config(tmp_path: Path, run_root: str) -> Path:
@@ -67,35 +45,6 @@ ingest:
       text_field: body
 """)
     return cfg
-
-
-def markers(store: RunStore, stage: str = "ingest") -> dict[int, dict]:
-    out = {}
-    for rel in store.list(stage):
-        if "/_shards/" in rel:
-            m = store.read_json(rel)
-            out[m["shard"]] = m
-    return out
-
-
-def kill_after_commits(proc, store: RunStore, stage: str, n: int = 3, timeout: float = 240) -> None:
-    """SIGKILL a running `xling` driver (and its local Ray) once `n` shards are committed."""
-    deadline = time.time() + timeout
-    while len(markers(store, stage)) < n:
-        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-        assert time.time() < deadline, "no shard committed in time"
-        time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGKILL)  # the driver, mid-run
-    proc.wait()
-    try:  # and whatever local Ray processes it left, as a lost node would
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def xling(*args, env=None, **kw):
-    return subprocess.Popen([sys.executable, "-m", "xling.cli", *args], cwd=ROOT,
-                            env={**os.environ, **(env or {})}, start_new_session=True, **kw)
 
 
 @pytest.fixture(params=["local", "s3"])

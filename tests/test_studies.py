@@ -15,22 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import VLLM, manifests, ok
 from llm_server import LLMServer
-from test_llm_stages import VLLM, ok
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-def manifests(store: RunStore, stage: str) -> list[dict]:
-    out = []
-    for d in store.list_dirs(stage):
-        m = store.read_json_or_none(f"{stage}/{d}/_manifest.json")
-        if m:
-            out.append({**m, "dir": f"{stage}/{d}"})
-    return out
 
 
 def bordirlines_reply(prompt: str) -> str:

@@ -276,7 +276,7 @@ N_SHARDS = 10
 
 @pytest.mark.slow
 def test_sigkill_mid_corpus_then_resume(tmp_path, tiny_models):
-    from test_resume import kill_after_commits, markers, sentence_corpus
+    from helpers import kill_after_commits, markers, sentence_corpus
 
     ids = sentence_corpus(tmp_path / "sentences.jsonl")
     run_root = str(tmp_path / "run")
