@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from xling.studies.llmclir import metrics as llmclir
 from xling.tasks import irmetrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +23,7 @@ def paper(name: str) -> dict:
 
 def row(table: dict, label: str) -> list[float]:
     [r] = [r for r in table["rows"] if r["label"] == label]
-    return [irmetrics.parse_published(v)[0] for v in r["values"]]
+    return [llmclir.parse_published(v)[0] for v in r["values"]]
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -37,7 +38,7 @@ def test_pri_and_realized_on_the_avg_column(name):
         got = irmetrics.realized(first[-1], best[-1], oracle[-1])
         assert round(got, 1) == h["realized_pct"], (h, got)
         # pri_on_average over the pair columns agrees to the rounding of the printed cells.
-        on_avg = irmetrics.pri_on_average(first[:-1], oracle[:-1], best[:-1])
+        on_avg = llmclir.pri_on_average(first[:-1], oracle[:-1], best[:-1])
         assert on_avg["pri"] == pytest.approx(h["pri"], abs=0.0015)
         assert on_avg["realized_pct"] == pytest.approx(h["realized_pct"], abs=0.6)
     if name.startswith("translate-clef"):  # the 45.6 % of the paper's text (L257)
@@ -53,7 +54,7 @@ def test_avg_column_is_the_mean_over_language_pairs(name):
     for t in tables.values():
         assert t["columns"][-1] == "AVG" and len(t["columns"]) in (5, 10)
         for r in t["rows"]:
-            values = [irmetrics.parse_published(v)[0] for v in r["values"]]
+            values = [llmclir.parse_published(v)[0] for v in r["values"]]
             assert len(values) == len(t["columns"]), r
             # Means of 3-decimal cells against the AVG of unrounded ones: within 0.001.
             assert irmetrics.average(values[:-1]) == pytest.approx(values[-1], abs=0.0011), r
@@ -72,6 +73,6 @@ def test_pairs_table_has_the_papers_shape():
     assert "| M3 | 0.388 | 0.352 | 0.370 |  |" in lines
     assert "| *Listwise Reranking (Retriever: M3)* | | | | |" in lines
     assert "| RankZephyr (DT) | 0.464* | 0.454 | 0.459 | Δ +0.010 |" in lines
-    assert irmetrics.parse_published("0.419*") == (0.419, True)
-    assert irmetrics.parse_published(0.3) == (0.3, False)
+    assert llmclir.parse_published("0.419*") == (0.419, True)
+    assert llmclir.parse_published(0.3) == (0.3, False)
     assert irmetrics.pair_label("en", "ha") == "EN-HA"

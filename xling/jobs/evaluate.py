@@ -41,6 +41,9 @@ from pydantic import Field, field_validator
 from xling.core.config import ConfigError, NoHash, Strict, hashable
 from xling.core.runner import TABLE, Cell, DriverStage, read_cell
 from xling.core.store import RunStore
+from xling.studies.base import Ranked
+from xling.studies.registry import get_study
+from xling.tasks.tables import fmt
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -123,7 +126,7 @@ def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
         raise ConfigError("evaluate scores the retrieve stage's runs or a study's generations: "
                           "add a `retrieve:` or a `study:` section")
     cells = []
-    if cfg.study is not None:
+    if cfg.study is not None and not isinstance(get_study(cfg.study.task), Ranked):
         from xling.jobs.study import evaluate_cell as study_cell
 
         cells.append(study_cell(cfg))
@@ -390,9 +393,7 @@ def _check_cell(checks: list[dict]) -> str:
 
 
 def _fmt(v: float | None, pct: bool = False) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "n/a"
-    return f"{v:.1f}" if pct else f"{v:.4f}"
+    return fmt(v, 1 if pct else 4, dash="n/a")
 
 
 def markdown_table(cell: Cell, metrics: list[str], means: dict, comparisons: list[dict],
@@ -426,87 +427,57 @@ def markdown_table(cell: Cell, metrics: list[str], means: dict, comparisons: lis
     return "\n".join(lines) + "\n"
 
 
-def write_pair_tables(cfg: XlingConfig, store: RunStore, *, log=print) -> str | None:
-    """`evaluate/tables.md`: the LLM-CLIR Tables 2-7 shape over every finished evaluate cell
-    (see the module doc). Built from the cells' stored rows, so cells skipped as done count."""
+def run_tables(cfg: XlingConfig, store: RunStore) -> list:
+    """Every (topic set, measure) of the finished evaluate cells as an `irmetrics.RunTable`
+    (systems x language pairs), read from the cells' stored rows, so cells skipped as done
+    count."""
     from xling.tasks import irmetrics
 
-    ec = cfg.evaluate
-    cells = [c for c in evaluate_cells(cfg) if "study" not in c.key]
     rows = []
-    for c in cells:
-        m = store.read_json_or_none(f"{c.dir}/_manifest.json")
-        if m:
-            t = store.read_parquet([f"{c.dir}/part-00000.parquet"])
-            t = t.filter(pc.is_null(t["query_id"]))
-            rows += [{**r, "key": c.key, "reranked": c.params.get("reranked", {})}
-                     for r in t.to_pylist()]
-    if not rows:
-        return None
-    expected = read_expected(ec.expected)
-    paper = ((expected or {}).get("paper") or {}).get("tables") or {}
-    out = []
+    for c in evaluate_cells(cfg):
+        if "study" in c.key or not store.read_json_or_none(f"{c.dir}/_manifest.json"):
+            continue
+        t = store.read_parquet([f"{c.dir}/part-00000.parquet"])
+        t = t.filter(pc.is_null(t["query_id"]))
+        rows += [{**r, "key": c.key, "reranked": c.params.get("reranked", {})}
+                 for r in t.to_pylist()]
+    tables = []
     for ts in cfg.retrieve.topics:
-        pairs = [(ql, dl) for ql in ts.langs for dl in ts.doc_langs]
-        labels = [irmetrics.pair_label(ql, dl) for ql, dl in pairs]
         mine = [r for r in rows if r["key"]["topics"] == ts.name]
         if not mine:
             continue
+        labels = [irmetrics.pair_label(ql, dl) for ql in ts.langs for dl in ts.doc_langs]
         inputs = {s: spec["input"] for r in mine for s, spec in r["reranked"].items()}
-        for metric in ec.metrics:
-            val: dict[str, dict[str, float]] = {}
-            sig: dict[str, dict[str, bool]] = {}
+        for metric in cfg.evaluate.metrics:
+            values: dict[str, dict[str, float]] = {}
+            significant: dict[str, dict[str, bool]] = {}
             for r in mine:
                 label = irmetrics.pair_label(r["key"]["qlang"], r["key"]["doc_lang"])
                 if r["metric"] == metric and r["setting"] != "comparison":
-                    val.setdefault(r["system"] if not r["model"].endswith("+oracle")
-                                   else r["model"], {})[label] = r["value"]
+                    system = r["system"] if not r["model"].endswith("+oracle") else r["model"]
+                    values.setdefault(system, {})[label] = r["value"]
                 elif r["metric"] == f"{metric}:ttest_p" and r["system"] in inputs and \
                         r["model"] == f"{r['system']} vs {inputs[r['system']]}":
-                    sig.setdefault(r["system"], {})[label] = irmetrics.significant(r["value"])
-            table = [{"label": s, "values": v, "sig": sig.get(s, {}),
-                      "section": ("Reranking (retriever: " + inputs[s] + ")") if s in inputs
-                      else "First-stage retrieval"}
-                     for s, v in sorted(val.items(), key=lambda kv: (kv[0] in inputs,
-                                                                       inputs.get(kv[0], ""),
-                                                                       kv[0]))]
-            out.append(irmetrics.pairs_table(table, labels, title=f"{ts.name}: {metric}"))
-            head = []
-            for s, first in inputs.items():
-                if s in val and first in val and f"{first}+oracle" in val:
-                    h = irmetrics.pri_on_average(
-                        [val[first].get(p, math.nan) for p in labels],
-                        [val[f"{first}+oracle"].get(p, math.nan) for p in labels],
-                        [val[s].get(p, math.nan) for p in labels])
-                    head.append(f"| {s} | {first} | {_fmt(h['s1'])} | {_fmt(h['s_star'])} | "
-                                f"{_fmt(h['pri'])} | {_fmt(h['s2'])} | "
-                                f"{_fmt(h['realized_pct'], True)} |")
-            if head:
-                out += ["PRI and Realized % on the AVG column (LLM-CLIR Eq. 1, 2):", "",
-                        "| reranker | first stage | s1 | s* | PRI | s2 | Realized % |",
-                        "|---|---|---|---|---|---|---|", *head, ""]
-            for name, pt in paper.items():
-                if pt.get("topics") != ts.name or not pt.get("metric") or \
-                        irmetrics.canonical(pt["metric"]) != irmetrics.canonical(metric):
-                    continue
-                cols = [c for c in pt["columns"] if c != "AVG"]
-                prow = []
-                for r in pt["rows"]:
-                    nums = [irmetrics.parse_published(v) for v in r["values"]]
-                    vals = dict(zip(pt["columns"], nums))
-                    ours = val.get(r.get("system") or "")
-                    if ours is not None:
-                        avg = irmetrics.average(ours.get(c, math.nan) for c in cols)
-                        prow.append({"label": f"xling {r['system']}", "values": ours,
-                                     "sig": sig.get(r["system"], {}), "section": r["section"],
-                                     "note": f"Δ {avg - vals['AVG'][0]:+.3f}"})
-                    prow.append({"label": f"paper {r['label']}", "section": r["section"],
-                                 "values": {c: vals[c][0] for c in cols},
-                                 "sig": {c: vals[c][1] for c in cols}, "avg": vals["AVG"][0],
-                                 "note": f"L{r['line']}"})
-                out.append(irmetrics.pairs_table(
-                    prow, cols, title=f"{name} ({metric}): the paper beside xling"))
-    md = "\n".join(out)
+                    significant.setdefault(r["system"], {})[label] = \
+                        irmetrics.significant(r["value"])
+            tables.append(irmetrics.RunTable(ts.name, metric, labels, values, significant,
+                                             inputs))
+    return tables
+
+
+def write_pair_tables(cfg: XlingConfig, store: RunStore, *, log=print) -> str | None:
+    """`evaluate/tables.md`: the evaluate cells as systems x language pairs with AVG (the
+    shape of LLM-CLIR's Tables 2-7); a study that renders IR tables (`Ranked`: LLM-CLIR) adds
+    its own parts, such as PRI and Realized % and the paper's numbers beside xling's."""
+    tables = run_tables(cfg, store)
+    if not tables:
+        return None
+    study = get_study(cfg.study.task) if cfg.study is not None else None
+    if isinstance(study, Ranked):
+        md = study.render_runs(cfg.study.options, tables, expected=read_expected(
+            cfg.evaluate.expected), config=cfg.model_dump(mode="json"))
+    else:
+        md = "\n".join(t.markdown() for t in tables)
     store.write_bytes("evaluate/tables.md", md.encode())
-    log(f"[evaluate] LLM-CLIR-shaped tables -> {store.url('evaluate/tables.md')}")
+    log(f"[evaluate] tables across language pairs -> {store.url('evaluate/tables.md')}")
     return md

@@ -226,6 +226,42 @@ class Featured(Study):
         """The names of the LLM-scored features (for the features stage's messages)."""
 
 
+class Ranked(Study):
+    """An IR study: its systems are the retrieve and rerank stages' runs, scored by the
+    evaluate stage's cells against qrels; the study renders the paper's tables across those
+    cells. It builds no prompts of its own (its LLM calls are the rerank stage's), so the
+    generative steps are empty and the evaluate stage makes no study cell for it."""
+
+    def prompt_sets(self, opts: Opts) -> list[PromptSet]:
+        return []
+
+    def input_files(self, opts: Opts) -> list[str]:
+        return []
+
+    def parser_for(self, setting: str) -> str:
+        raise ValueError(f"study {self.name!r} generates nothing: it has no settings")
+
+    def parsers(self) -> dict[str, Parser]:
+        return {}
+
+    def build_prompts(self, opts: Opts, setting: str, lang: str, *,
+                      inputs: StudyInputs) -> Rows:
+        raise ValueError(f"study {self.name!r} builds no prompts")
+
+    def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
+        return [], []
+
+    def render(self, opts: Opts, items: Rows, metrics: Rows) -> Rendered:
+        return Rendered("", {})
+
+    @abstractmethod
+    def render_runs(self, opts: Opts, tables: list, *, expected: Mapping | None,
+                    config: Mapping) -> str:
+        """The paper's tables (markdown) from the evaluate stage's `irmetrics.RunTable`s,
+        the expected file (`evaluate.expected`, with its `paper:` section) and the config's
+        sections as a dict."""
+
+
 def judge_scope(study: Study) -> str:
     """What the judge stage rates: single generations or pairs of them."""
     return "pairs" if isinstance(study, PairJudged) else "generation"

@@ -18,6 +18,7 @@ STUDIES: dict[str, str] = {
     "bordirlines": "xling.studies.bordirlines.study:BordIRLines",
     "mirage": "xling.studies.mirage.study:MIRAGE",
     "cross": "xling.studies.cross.study:CROSS",
+    "llmclir": "xling.studies.llmclir.study:LLMCLIR",
 }
 NAMES = tuple(STUDIES)
 # corpus formats a study reads (`format:` of a corpus or translate.documents entry) -> study

@@ -46,6 +46,7 @@ import math
 import re
 import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -399,25 +400,6 @@ def significant(p: float | None) -> bool:
     return p is not None and not math.isnan(p) and p < SIGNIFICANCE
 
 
-def parse_published(value) -> tuple[float, bool]:
-    """A number as a paper's table prints it -> (value, marked): "0.419*" -> (0.419, True)."""
-    if isinstance(value, (int, float)):
-        return float(value), False
-    text = str(value).strip()
-    return float(text.rstrip("* ").strip()), text.endswith("*")
-
-
-def pri_on_average(first: Iterable[float], oracle: Iterable[float],
-                   reranked: Iterable[float]) -> dict[str, float]:
-    """PRI and Realized % as the paper computes them (llm-clir.txt L249-257): on the AVG
-    column, s1 = AVG of the first stage, s* = AVG of its oracle, s2 = AVG of the reranker,
-    not as a mean of per-pair ratios. E.g. CLEF, NV-Embed-v2 and RankGPT-4.1 (DT):
-    PRI = 0.586 - 0.323 = 0.263, Realized = (0.443 - 0.323) / 0.263 = 45.6 %."""
-    s1, s_star, s2 = average(first), average(oracle), average(reranked)
-    return {"s1": s1, "s_star": s_star, "s2": s2, "pri": pri(s_star, s1),
-            "realized_pct": realized(s1, s2, s_star)}
-
-
 def pairs_table(rows: list[dict], pairs: list[str], *, digits: int = 3,
                 title: str | None = None) -> str:
     """A markdown table in the paper's shape. Each row: {"label", "values": {pair: v},
@@ -446,3 +428,31 @@ def pairs_table(rows: list[dict], pairs: list[str], *, digits: int = 3,
             cells.append(r.get("note", ""))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+@dataclass
+class RunTable:
+    """One topic set and measure of the evaluate stage, across its language pairs: the
+    LLM-CLIR Tables 2-7 shape. `values` maps a system (and `<system>+oracle`) to its mean per
+    pair label; `significant` a reranker to whether it differs from its first stage (paired
+    t-test, p < 0.05) per pair; `first_stage` a reranker to the run it reranked."""
+
+    topics: str
+    metric: str
+    pairs: list[str]
+    values: dict[str, dict[str, float]]
+    significant: dict[str, dict[str, bool]]
+    first_stage: dict[str, str]
+
+    def rows(self) -> list[dict]:
+        """`pairs_table` rows: first stages, then each first stage's rerankers."""
+        inputs = self.first_stage
+        order = sorted(self.values.items(),
+                       key=lambda kv: (kv[0] in inputs, inputs.get(kv[0], ""), kv[0]))
+        return [{"label": system, "values": values, "sig": self.significant.get(system, {}),
+                 "section": (f"Reranking (retriever: {inputs[system]})" if system in inputs
+                             else "First-stage retrieval")}
+                for system, values in order]
+
+    def markdown(self) -> str:
+        return pairs_table(self.rows(), self.pairs, title=f"{self.topics}: {self.metric}")
