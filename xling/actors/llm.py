@@ -26,7 +26,6 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from typing import Union
 
-import pyarrow as pa
 
 Prompt = Union[str, list]  # a string, or a list of {"role": ..., "content": ...} messages
 
@@ -69,21 +68,6 @@ class Completion:
     error: str | None = None
     attempts: int = 1
     truncated_from: int | None = None  # prompt tokens before truncation (too_long=truncate)
-
-
-COMPLETION_SCHEMA = pa.schema([
-    ("output", pa.string()), ("n_prompt_tokens", pa.int64()), ("n_output_tokens", pa.int64()),
-    ("latency_s", pa.float64()), ("finish_reason", pa.string()), ("attempts", pa.int64()),
-    ("truncated_from", pa.int64()), ("error", pa.string())])
-
-
-def completions_table(done: list[Completion]) -> pa.Table:
-    return pa.table({
-        "output": [c.text for c in done], "n_prompt_tokens": [c.n_prompt_tokens for c in done],
-        "n_output_tokens": [c.n_output_tokens for c in done],
-        "latency_s": [c.latency_s for c in done], "finish_reason": [c.finish_reason for c in done],
-        "attempts": [c.attempts for c in done], "truncated_from": [c.truncated_from for c in done],
-        "error": [c.error for c in done]}, schema=COMPLETION_SCHEMA)
 
 
 def canonical_prompt(prompt: Prompt) -> str:

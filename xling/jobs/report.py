@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from xling.core.runner import now, run_status
 from xling.core.store import RunStore
+from xling.tasks.tables import fmt, pipe_table
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -210,9 +211,10 @@ def _html_table(head: list[str], rows: list[list[str]], aligns: list[str] | None
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
-    esc = [[str(c).replace("|", "\\|") for c in r] for r in [head, *rows]]
-    return "\n".join(["| " + " | ".join(esc[0]) + " |", "|" + "---|" * len(head),
-                      *("| " + " | ".join(r) + " |" for r in esc[1:])])
+    def esc(cells):
+        return [str(c).replace("|", "\\|") for c in cells]
+
+    return pipe_table(esc(head), [esc(r) for r in rows], empty=None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -252,9 +254,7 @@ def _t_interval(values: list[float], lo: float = 0.0,
 
 
 def _fmt(v: Any, digits: int = 4) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "n/a"
-    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+    return fmt(v, digits, dash="n/a")
 
 
 def ir_summary(rows: list[dict]) -> dict:

@@ -40,7 +40,6 @@ FIELDS: dict[str, tuple[str, str | None, str]] = {
 }
 DATE_FIELDS = {"neuclir": "time"}
 
-DOCUMENT_COLUMNS = ("doc_id", "lang", "title", "text", "source", "date", "error")
 
 
 def bad_line_id(line: str) -> str:
