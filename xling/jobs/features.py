@@ -172,7 +172,8 @@ class FeaturesStage(Stage):
             ds = generate_pool(ds, cfg.run_root, {spec.label: spec},
                                [(spec.label, c.params["sampling"], "none") for c in cells],
                                cache=fc.cache, where="features.llm")
-            return ds.map_batches(_from_generations, batch_format="pyarrow")
+            return ds.map_batches(_from_generations, batch_format="pyarrow", fn_kwargs={
+                "kinds": self.study(cfg).llm_input_kinds(cfg.study.options)})
         if scorer == "langid":
             langs = self.study(cfg).langid_langs(cfg.study.options)
             return ds.map_batches(_LangIdBatch, batch_format="pyarrow", batch_size=256,
@@ -281,10 +282,9 @@ def _as_prompts(batch: pa.Table) -> pa.Table:
         "prompt", pa.array(prompts, pa.string()))
 
 
-def _from_generations(batch: pa.Table) -> pa.Table:
+def _from_generations(batch: pa.Table, *, kinds: dict[str, str]) -> pa.Table:
     ids = batch["item_id"].to_pylist()  # input ids: query|model|kind
     parts = [i.rsplit("|", 2) for i in ids]
-    kinds = {"overlap": "score", "fluency": "rating"}
     t = pa.table({"input_id": ids, "item_id": [p[0] for p in parts],
                   "study": batch["study"], "setting": batch["setting"], "lang": batch["lang"],
                   "model": [p[1] for p in parts], "scorer": ["llm"] * len(ids),

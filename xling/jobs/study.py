@@ -246,13 +246,13 @@ def evaluate_cell(cfg: XlingConfig) -> Cell:
                 n_shards=1)
 
 
-def detect_languages(opts: dict, gens: list[dict]) -> tuple[dict, dict]:
+def detect_languages(study: Judged, opts: dict, gens: list[dict]) -> tuple[dict, dict]:
     """{(setting, lang, model, item_id): detected code} of each parsed answer, with lingua
-    restricted to the study's languages and English; and the detector's setting."""
+    restricted to the study's answer languages and English; and the detector's setting."""
     from xling.actors.langid import LanguageDetector
     from xling.tasks.languages import lingua_language
 
-    codes = sorted({*opts["langs"], "en"})
+    codes = sorted({*study.answer_languages(opts), "en"})
     names = {c: lingua_language(c) for c in codes}
     lacking = [c for c, n in names.items() if n is None]
     if lacking:
@@ -285,7 +285,7 @@ def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) 
             ["item_id", "setting", "lang", "model", "judge", "verdict", "error"], "evaluate")
         evidence.labels = cell.params["labels"]
         if cell.params["language_check"]:
-            evidence.detected, check = detect_languages(opts, gens)
+            evidence.detected, check = detect_languages(study, opts, gens)
     if cell.params.get("features"):
         scored = read_rows(store, cell.params["features"],
                            ["item_id", "lang", "model", "scorer", "kind", "scores", "output",

@@ -194,6 +194,11 @@ class Judged(Study):
     @abstractmethod
     def judge_parser(self, opts: Opts) -> str: ...
 
+    @abstractmethod
+    def answer_languages(self, opts: Opts) -> list[str]:
+        """The languages an answer may be in (judge.language_check tells them apart, with
+        English)."""
+
 
 class PairJudged(Study):
     """A judge compares the generations of two models on the same item."""
@@ -224,6 +229,11 @@ class Featured(Study):
     @abstractmethod
     def llm_feature_names(self, opts: Opts) -> list[str]:
         """The names of the LLM-scored features (for the features stage's messages)."""
+
+    @abstractmethod
+    def llm_input_kinds(self, opts: Opts) -> dict[str, str]:
+        """The last part of an LLM feature input's id (`item|model|<part>`) -> the `kind` of
+        its score, which the stored row carries for `score` to parse."""
 
 
 class Ranked(Study):

@@ -106,6 +106,10 @@ class MIRAGE(PairJudged, Featured):
     def llm_feature_names(self, opts: Opts) -> list[str]:
         return list(SCORERS["llm"])
 
+    def llm_input_kinds(self, opts: Opts) -> dict[str, str]:
+        # features.feature_inputs: feature 10 asks for a score, feature 11 for a rating
+        return {"overlap": "score", "fluency": "rating"}
+
     # -- scoring and rendering -------------------------------------------------------
 
     def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:

@@ -85,3 +85,6 @@ class XRAG(Translated, Judged):
 
     def judge_parser(self, opts: Opts) -> str:
         return "verdict"  # Figure 20's JSON reply; tasks/judge.py reads "answer" as the verdict
+
+    def answer_languages(self, opts: Opts) -> list[str]:
+        return list(opts["langs"])
