@@ -38,7 +38,8 @@ STAGE_ORDER = ("ingest", "translate", "index", "retrieve", "rerank", "narrow", "
 class XlingConfig(Strict):
     """The whole experiment. One file per study; sweeps override fields from the CLI."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                      description="the experiment's name; run_root defaults to ./runs/<name>")
     run_root: str | None = NoHash(None, description="local path or s3://bucket/prefix")
     stages: list[Literal[STAGE_ORDER]] | None = NoHash(  # type: ignore[valid-type]
         None, description="stages `xling run` runs, in order (default: every stage with a "

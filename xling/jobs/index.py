@@ -93,7 +93,8 @@ class DenseModel(Strict):
     fp16: bool = Field(False, description="half precision (CUDA only; ignored on CPU)")
     sparse: bool = Field(False, description="also store BGE-M3's sparse (lexical) weights")
     colbert: bool = Field(False, description="also store BGE-M3's ColBERT vectors")
-    device: Literal["auto", "cpu", "cuda"] = NoHash("auto")
+    device: Literal["auto", "cpu", "cuda"] = NoHash("auto", description="auto: cuda where "
+                                                    "the actor has a GPU, else cpu")
     encode_batch_size: int = NoHash(32, ge=1, description="texts per model forward pass")
     parallel: Parallelism = NoHash(Parallelism(batch_size=256))
 
@@ -102,7 +103,9 @@ class IndexConfig(Strict):
     """`index`: BM25 (Lucene, per-language analyzer) and/or dense (BGE-M3) indexes."""
 
     collections: list[IndexCollection] = Field(min_length=1)
-    engines: list[Literal["bm25", "dense"]] = Field(["bm25"], min_length=1)
+    engines: list[Literal["bm25", "dense"]] = Field(
+        ["bm25"], min_length=1, description="indexes to build: bm25 (Lucene) and/or dense "
+                                            "(BGE-M3 vectors)")
     contents: Literal["title_text", "text"] = Field(
         "title_text", description="what is indexed: title, newline, text (as pyserini's "
                                   "Mr.TyDi/MIRACL/CIRAL indexes) or the text alone")

@@ -84,14 +84,18 @@ class TranslateConfig(Strict):
     quantization: Literal[QUANTIZATIONS] = Field(  # type: ignore[valid-type]
         "int8", description="weights of a converted checkpoint (ignored for CTranslate2 dirs)")
     compute_type: str = Field("default", description="CTranslate2 compute_type at load time")
-    beam_size: int = Field(4, ge=1, le=64)
+    beam_size: int = Field(4, ge=1, le=64, description="beam width; 1 is greedy (LLM-CLIR: "
+                                                       "greedy)")
     max_input_tokens: int = Field(200, ge=8, description="longer sentences are split")
     decode: DecodeBound = DecodeBound()
-    repetition_penalty: float = Field(1.0, gt=0)
-    no_repeat_ngram_size: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, gt=0, description="CTranslate2's repetition "
+                                                             "penalty; 1.0 is none")
+    no_repeat_ngram_size: int = Field(0, ge=0, description="forbid repeating n-grams of "
+                                                           "this size; 0 is off")
     lang_check: Literal["error", "off"] = Field(
         "error", description="error: a document that looks like another language is an error row")
-    device: Literal["auto", "cpu", "cuda"] = NoHash("auto")
+    device: Literal["auto", "cpu", "cuda"] = NoHash("auto", description="auto: cuda where "
+                                                    "the actor has a GPU, else cpu")
     inter_threads: int = NoHash(1, ge=1, description="CTranslate2 replicas per actor")
     intra_threads: int = NoHash(0, ge=0, description="threads per replica (0: CT2 default)")
     max_batch_tokens: int = NoHash(4096, ge=16, description="padded tokens per engine batch")
