@@ -3,7 +3,7 @@
 - `metrics_table` gathers the metrics rows of every finished evaluate cell, IR cells
   (`jobs/evaluate.py`: per system, metric and query, plus the mean rows with `query_id`
   empty, the oracle systems and the comparisons' `metric:ttest_p`, `:pri`, ...) and study
-  cells (the study module's rows), into one table with the cell id in front; columns one
+  cells (the study's rows), into one table with the cell id in front; columns one
   kind lacks are empty. `write_results` writes it as CSV, Parquet or a LaTeX table (the
   mean rows, systems by metric, for a paper's draft).
 - `export_trec_runs` copies the TREC run of every finished retrieve and rerank cell under

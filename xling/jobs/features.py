@@ -80,7 +80,7 @@ _EXTRA = (RID, "_shard", CELL)
 
 class FeaturesStage(Stage):
     """Scores a study's generations; which generations comes from `generation_cells` and
-    what is asked of them from the study module (jobs/study.py provides both)."""
+    what is asked of them from the study (jobs/study.py provides both, through the Study interface)."""
 
     name = "features"
     id_column = "input_id"

@@ -13,7 +13,7 @@ The report shows, in this order:
   table built from their metric rows: the mean of each metric with a 95% t-interval over
   queries, the query count, and `*` where a configured comparison's paired t-test has
   p < 0.05.
-- **Plots**: the PNGs the study modules drew (copied into `report/plots/`), and for
+- **Plots**: the PNGs the studies drew (copied into `report/plots/`), and for
   retrieval (and studies that draw none) a bar chart of the main metric per system, drawn
   here with matplotlib on an Agg canvas (no pyplot state).
 - **Cells** of the current config (done / partial / failed, rows, errors, location), and
