@@ -148,3 +148,36 @@ def test_node_lookup_waits_longer_than_rays_fixed_30_s(monkeypatch):
     patient_node_lookup()
     with pytest.raises(RuntimeError):
         services.get_node("gcs", "n3")
+
+
+def test_a_node_start_timeout_is_retried_once(monkeypatch, tmp_path):
+    """Control flow only (a scripted failure): Ray's fixed raylet wait can run out on a loaded
+    machine; the start is tried once more, and a second timeout or another error is raised."""
+    from xling.dev import localcluster
+
+    calls = []
+
+    def scripted(errors):
+        def start(**kw):
+            calls.append(kw)
+            if errors:
+                raise errors.pop(0)
+            return "cluster"
+        return start
+
+    timeout = localcluster.LocalClusterError("`ray start` for worker1 failed (exit 1)\n"
+                                             "Exception: The current node timed out during "
+                                             "startup.")
+    monkeypatch.setattr(localcluster, "_start_local_cluster", scripted([timeout]))
+    assert start_local_cluster(tmp_root=tmp_path) == "cluster" and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(localcluster, "_start_local_cluster", scripted([timeout, timeout]))
+    with pytest.raises(localcluster.LocalClusterError, match="timed out during startup"):
+        start_local_cluster(tmp_root=tmp_path)
+    assert len(calls) == 2
+    calls.clear()
+    other = localcluster.LocalClusterError("dashboard port 8265 is in use")
+    monkeypatch.setattr(localcluster, "_start_local_cluster", scripted([other]))
+    with pytest.raises(localcluster.LocalClusterError, match="in use"):
+        start_local_cluster(tmp_root=tmp_path)
+    assert len(calls) == 1

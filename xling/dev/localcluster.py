@@ -210,6 +210,10 @@ def ray_bin() -> str:
     return found
 
 
+# What Ray prints when a raylet did not register with the GCS in time (ray/_private/node.py)
+_STARTUP_TIMEOUT = "timed out during startup"
+
+
 def start_local_cluster(
     num_workers: int = 1,
     cpus_per_node: int = 1,
@@ -227,7 +231,32 @@ def start_local_cluster(
     dashboard_port: None picks a free port (tests); the shell script asks for 8265.
     object_store_mb: per node; Ray's default (30% of RAM per node) is a lot on a laptop
         that runs several nodes and SeaweedFS besides.
+
+    A node whose raylet did not register in time (a loaded machine; Ray's own wait is fixed,
+    see `patient_node_lookup`) fails the start; the half-started cluster is stopped and the
+    whole start is tried once more, on fresh ports, as a local `ray.init` is.
     """
+    kw = dict(num_workers=num_workers, cpus_per_node=cpus_per_node, tmp_root=tmp_root,
+              dashboard_port=dashboard_port, object_store_mb=object_store_mb,
+              loopback=loopback, auth=auth, timeout=timeout, extra_env=extra_env)
+    try:
+        return _start_local_cluster(**kw)
+    except LocalClusterError as e:
+        if _STARTUP_TIMEOUT not in str(e):
+            raise
+        print("# local Ray cluster: a node timed out starting; retrying once on fresh ports",
+              file=sys.stderr)
+        old = LocalCluster.load(Path(tmp_root).absolute()) if tmp_root else None
+        deadline = time.monotonic() + 30
+        while old is not None and old.processes() and time.monotonic() < deadline:
+            time.sleep(0.5)  # the failed start's processes are on their way out
+        return _start_local_cluster(**kw)
+
+
+def _start_local_cluster(*, num_workers: int, cpus_per_node: int, tmp_root: Path | None,
+                         dashboard_port: int | None, object_store_mb: int, loopback: bool,
+                         auth: str, timeout: float,
+                         extra_env: dict[str, str] | None) -> LocalCluster:
     tmp_root = Path(tmp_root or tempfile.mkdtemp(prefix="xling-raycluster-")).absolute()
     tmp_root.mkdir(parents=True, exist_ok=True)
     old = LocalCluster.load(tmp_root)
