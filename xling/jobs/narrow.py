@@ -35,7 +35,7 @@ from xling.core.runner import RID, Cell, Stage, part_files
 from xling.core.store import RunStore
 from xling.core.vectors import StoreEmbedder, cache_dir, vector_matrix
 from xling.studies.base import Narrowed
-from xling.studies.registry import get_study
+from xling.studies.registry import NAMES, get_study
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -63,13 +63,14 @@ SELECTIONS = "_selections.parquet"  # beside the part files; "_" keeps it out of
 
 
 def _study(cfg: XlingConfig) -> Narrowed:
+    narrowing = " or ".join(n for n in NAMES if isinstance(get_study(n), Narrowed))
     if cfg.study is None:
-        raise ConfigError("narrow ranks a study's sentences: add a `study:` section (e.g. "
-                          "task: cross)")
+        raise ConfigError("narrow ranks a study's sentences: add a `study:` section (task: "
+                          f"{narrowing})")
     study = get_study(cfg.study.task)
     if not isinstance(study, Narrowed):
         raise ConfigError(f"narrow: study '{cfg.study.task}' declares no narrowing; remove the "
-                          "`narrow:` section or use a study that narrows (cross)")
+                          f"`narrow:` section or use a study that narrows ({narrowing})")
     return study
 
 
@@ -173,6 +174,6 @@ def read_selections(store: RunStore, cell: Cell) -> dict[tuple[str, str], dict]:
     """(context_id, query language) -> selection row of a committed narrow cell."""
     from xling.core.runner import require_done
 
-    require_done(store, cell, "the study's CROSS prompts")
+    require_done(store, cell, "the study's narrowed prompts")
     t = store.read_parquet(f"{cell.dir}/{SELECTIONS}")
     return {(r["context_id"], r["qlang"]): r for r in t.to_pylist() if not r["error"]}

@@ -173,7 +173,7 @@ class StudyGenerateStage(GenerateStage):
             needed = {c.params["prompts"].get("selection") for c in self.cells(cfg)} - {None}
             for nc in NarrowStage().cells(cfg) if needed else []:
                 if nc.id in needed:
-                    require_done(store, nc, "the study's CROSS prompts")
+                    require_done(store, nc, "the study's narrowed prompts")
 
     def prompt_rows(self, cell: Cell, cfg: XlingConfig) -> pa.Table:
         if "study" in cell.params["prompts"]:
