@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field
 
 from xling.core.config import ConfigError, Strict, parse_override
+from xling.tasks.tables import fmt, pipe_table
 
 
 class SweepConfig(Strict):
@@ -77,9 +78,8 @@ def comparison_table(points: list[dict[str, Any]], metrics: list[list[dict]]) ->
             values[key][i] = r["value"]
     head = ["study", "setting", "lang", "system", "model", "metric",
             *(label(p) for p in points)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for key in keys:
-        cells = [f"{values[key][i]:.4f}" if i in values[key] and values[key][i] is not None
-                 else "" for i in range(len(points))]
-        lines.append("| " + " | ".join([*key, *cells]) + " |")
-    return "\n".join(lines)
+    def cell(value) -> str:
+        return fmt(None if value is None else float(value), 4, dash="")
+
+    rows = [[*key, *(cell(values[key].get(i)) for i in range(len(points)))] for key in keys]
+    return pipe_table(head, rows, empty=None)
