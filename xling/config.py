@@ -26,7 +26,7 @@ from xling.jobs.retrieve import RetrieveConfig
 from xling.jobs.study import StudyConfig
 from xling.jobs.translate import TranslateConfig
 from xling.studies.base import Narrowed
-from xling.studies.registry import NAMES, get_study
+from xling.studies.registry import get_study, names_with
 
 __all__ = ["ConfigError", "STAGE_ORDER", "XlingConfig", "load_config", "validate_config"]
 
@@ -76,7 +76,7 @@ class XlingConfig(Strict):
     def _study_links(self) -> "XlingConfig":
         study = get_study(self.study.task) if self.study is not None else None
         if self.narrow is not None and not isinstance(study, Narrowed):
-            narrowing = [n for n in NAMES if isinstance(get_study(n), Narrowed)]
+            narrowing = names_with(Narrowed)
             raise ValueError("narrow ranks the sentences of a study that narrows long contexts: "
                              f"it needs a `study:` section with task: {' or '.join(narrowing)} "
                              "(remove `narrow:` otherwise)")

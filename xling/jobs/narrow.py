@@ -35,7 +35,7 @@ from xling.core.runner import RID, Cell, Stage, part_files
 from xling.core.store import RunStore
 from xling.core.vectors import StoreEmbedder, cache_dir, vector_matrix
 from xling.studies.base import Narrowed
-from xling.studies.registry import NAMES, get_study
+from xling.studies.registry import get_study, names_with
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -63,14 +63,14 @@ SELECTIONS = "_selections.parquet"  # beside the part files; "_" keeps it out of
 
 
 def _study(cfg: XlingConfig) -> Narrowed:
-    narrowing = " or ".join(n for n in NAMES if isinstance(get_study(n), Narrowed))
     if cfg.study is None:
         raise ConfigError("narrow ranks a study's sentences: add a `study:` section (task: "
-                          f"{narrowing})")
+                          f"{' or '.join(names_with(Narrowed))})")
     study = get_study(cfg.study.task)
     if not isinstance(study, Narrowed):
         raise ConfigError(f"narrow: study '{cfg.study.task}' declares no narrowing; remove the "
-                          f"`narrow:` section or use a study that narrows ({narrowing})")
+                          "`narrow:` section or use a study that narrows "
+                          f"({' or '.join(names_with(Narrowed))})")
     return study
 
 

@@ -41,6 +41,12 @@ def get_study(name: str) -> Study:
     return getattr(importlib.import_module(module), cls)()
 
 
+def names_with(capability: type) -> list[str]:
+    """The registered studies that have `capability` (a `base` capability type), for error
+    messages that name them; imports every study, so only where one is needed."""
+    return [name for name in NAMES if isinstance(get_study(name), capability)]
+
+
 @cache
 def all_parsers() -> dict:
     """Every output parser by name: the generic ones (tasks/parsers.py) and each study's."""
