@@ -23,8 +23,8 @@ from xling.jobs.generate import GenerateStage
 from xling.jobs.judge import JudgeStage
 from xling.jobs.narrow import NarrowStage, narrow_cell, read_selections
 from xling.jobs.translate import TranslateStage, translate_cell
-from xling.studies.base import (Evidence, Featured, Judged, Narrowed, PairJudged, Study, StudyInputs,
-                                Translated, judge_scope)
+from xling.studies.base import (Evidence, Featured, Judged, Narrowed, PairJudged, Study,
+                                StudyInputs, Translated, judge_scope)
 from xling.studies.registry import NAMES, get_study
 
 if TYPE_CHECKING:
