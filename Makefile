@@ -22,7 +22,7 @@ TORCH       := $(shell sed -n 's/^torch==//p' requirements.lock)
 PYTAG       := $(shell $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) -c 'import sys; print("cp%d%d" % sys.version_info[:2])' 2>/dev/null)
 FIND        := $(if $(wildcard $(WHEELS)/torch-$(TORCH)-$(PYTAG)-*.whl),--find-links $(WHEELS),)
 
-.PHONY: setup setup-gpu demo test test-fast lock lock-gpu image models clean
+.PHONY: setup setup-gpu demo test test-unit test-fast lock lock-gpu image models clean
 
 setup: $(STAMP)
 
@@ -69,18 +69,26 @@ demo: setup
 	  study.options.source=published study.options.reference_model=gpt-4-azure \
 	  'study.options.held_out=[google/gemma-1.1-2b-it]' 'stages=[evaluate,report]'
 
-test: setup
-	$(BIN)/xling models tiny
-	# Two workers, whole files each (module fixtures stay whole): most of a test's time is
-	# waiting on Ray, JVM and vLLM start-up, subprocesses and fault-injection delays (a
-	# sequential run keeps the 2 cores about a quarter busy), so two files overlap well; three
-	# made Ray's RPCs time out. Raylets get more time to start than Ray's default, and every
-	# Ray start waits longer for a late raylet (xling.core.runtime.patient_node_lookup).
-	RAY_raylet_start_wait_time_s=120 $(BIN)/python -m pytest -q -ra -n 2 --dist loadfile \
-	  --durations=25 tests
+# The tests in layers (tests/conftest.py): unit/ needs nothing but Python; integration/ the
+# tiny models, real engines and one shared Ray and S3 server; e2e/ and faults/ the CLI as a
+# user runs it, on that same Ray and S3 server, and kills, node loss and S3 faults.
+# xdist schedules test by test, longest first (tests/conftest.py); the tests of a module that
+# shares module fixtures stay together (its xdist_group mark). Each worker runs one Ray node that its tests and
+# their `xling` subprocesses share; all share one SeaweedFS.
+XDIST ?= 3
+DIST   := -n $(XDIST) --dist loadscope --no-loadscope-reorder
+PYTEST := RAY_raylet_start_wait_time_s=120 $(BIN)/python -m pytest -q -ra
+
+test-unit: setup
+	$(PYTEST) tests/unit
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -ra -m "not slow" tests
+	$(BIN)/xling models tiny
+	$(PYTEST) $(DIST) tests/unit tests/integration
+
+test: setup
+	$(BIN)/xling models tiny
+	$(PYTEST) $(DIST) --durations=25 tests
 
 # Re-resolve the CPU lock (needs the registries). Keeps the CUDA-only extras out; the +cpu
 # torch comes from the local wheels or, failing them, the PyTorch CPU index.

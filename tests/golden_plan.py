@@ -1,6 +1,6 @@
 """The cell ids (key and hash) that `xling validate` plans for every `configs/*.yaml`.
 
-The golden test (tests/test_golden_plan.py) compares them with `tests/data/golden/cells.json`,
+The golden test (tests/unit/test_golden_plan.py) compares them with `tests/data/golden/cells.json`,
 written by `python tests/golden_plan.py --write` before a refactor: a change that moves code
 must not move a cell (its directory, hence every committed result, is named by its hash).
 

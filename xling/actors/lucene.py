@@ -226,7 +226,7 @@ class Searcher:
     LuceneSearcher is a thin wrapper over this Java class (`set_language`, `set_bm25`,
     `batch_search` with Java lists); importing it pulls in `pyserini.search` and with it
     torch and the dense encoders, ~14 s per actor on a small machine. The calls below are
-    LuceneSearcher's own, so results are identical (tests/test_bm25.py compares against
+    LuceneSearcher's own, so results are identical (tests/integration/test_bm25.py compares against
     pyserini's command line).
     """
 

@@ -587,6 +587,13 @@ _STATE = "server.json"
 _ENV_FILE = "env.sh"
 
 
+def running_server(dir_: Path) -> S3Server | None:
+    """The server that `devstore start --dir dir_` left running, else None (tests share one
+    server between processes this way)."""
+    srv = _load(Path(dir_).absolute())
+    return srv if srv is not None and srv.alive() else None
+
+
 def _load(dir_: Path) -> S3Server | None:
     try:
         d = json.loads((dir_ / _STATE).read_text())

