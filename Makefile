@@ -69,12 +69,12 @@ demo: setup
 	  study.options.source=published study.options.reference_model=gpt-4-azure \
 	  'study.options.held_out=[google/gemma-1.1-2b-it]' 'stages=[evaluate,report]'
 
-# The tests in layers (tests/conftest.py): unit/ needs nothing but Python; integration/ the
-# tiny models, real engines and one shared Ray and S3 server; e2e/ and faults/ the CLI as a
-# user runs it, on that same Ray and S3 server, and kills, node loss and S3 faults.
-# xdist schedules test by test, longest first (tests/conftest.py); the tests of a module that
-# shares module fixtures stay together (its xdist_group mark). Each worker runs one Ray node that its tests and
-# their `xling` subprocesses share; all share one SeaweedFS.
+# The tests in layers (docs/design.md, Tests): unit/ needs nothing but Python; integration/
+# the tiny models and the real engines, stages in-process; e2e/ the CLI as a user runs it;
+# faults/ kills, node loss and S3 faults. xdist sends the tests one by one, longest first
+# (tests/conftest.py); a module that shares module fixtures (its xdist_group mark) goes
+# whole. Each worker runs one Ray node that its tests and their `xling` subprocesses join;
+# all workers share one SeaweedFS.
 XDIST ?= 3
 DIST   := -n $(XDIST) --dist loadscope --no-loadscope-reorder
 PYTEST := RAY_raylet_start_wait_time_s=120 $(BIN)/python -m pytest -q -ra

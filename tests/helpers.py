@@ -116,9 +116,9 @@ def cli(*args, env=None, timeout=900) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def ok(*args) -> str:
-    """cli(*args), which must exit 0; its stdout and stderr together."""
-    p = cli(*args)
+def ok(*args, env=None) -> str:
+    """cli(*args, env=env), which must exit 0; its stdout and stderr together."""
+    p = cli(*args, env=env)
     assert p.returncode == 0, p.stdout[-5000:] + p.stderr[-5000:]
     return p.stdout + p.stderr
 

@@ -8,39 +8,20 @@
   collection, a language without a Lucene analyzer, modes whose translations are missing.
 """
 
-import gzip
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers import cli, ok, passages
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "data" / "demo"
 LANGS = ["fi", "sw"]
-
-
-def cli(*args, env=None, timeout=900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xling.cli", *args, "--no-progress"],
-                          cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def ok(*args, env=None) -> str:
-    p = cli(*args, env=env)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
-    return p.stdout + p.stderr
-
-
-def passages(lang: str) -> list[dict]:
-    return [json.loads(l) for l in gzip.open(DEMO / "mrtydi" / f"{lang}.jsonl.gz", "rt",
-                                             encoding="utf-8")]
 
 
 def title_topics(tmp: Path) -> None:
