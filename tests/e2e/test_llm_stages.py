@@ -207,6 +207,13 @@ rerank:
       depth: 8
       passes: 2
       doc_tokens: 16
+    - name: pairwise-generate
+      {common}
+      method: pairwise
+      prp_answer: generate
+      depth: 8
+      passes: 2
+      doc_tokens: 16
 """)
     ok("rerank", "--config", str(cfg))
     store = RunStore(str(tmp_path / "run"))
@@ -233,5 +240,17 @@ rerank:
     assert manifest["llm"]["failed_calls"] == 0
     assert manifest["llm"]["missing_texts"] == len(qids)  # "not-in-corpus" (in each top n)
     assert store.exists(f"{found['listwise']}/run.trec")
-    pm = store.read_json(f"{found['pairwise']}/_manifest.json")["llm"]
+    manifest = store.read_json(f"{found['pairwise']}/_manifest.json")
+    pm = manifest["llm"]
     assert 0 < pm["llm_calls"] <= len(qids) * 2 * (7 + 6)  # 2 * sum_{i<2} (8 - 1 - i)
+    # PRP's default is the paper's one-token answer (llm-rankers): the chat prompt continued
+    # by " Passage:", one token generated; free generation (8 tokens) is the named option.
+    assert manifest["params"]["method"]["prp_answer"] == "passage_token"
+    assert manifest["params"]["sampling"]["max_tokens"] == 1
+    assert pm["failed_calls"] == 0
+    gm = store.read_json(f"{found['pairwise-generate']}/_manifest.json")
+    assert gm["params"]["method"]["prp_answer"] == "generate"
+    assert gm["params"]["sampling"]["max_tokens"] == 8 and gm["llm"]["failed_calls"] == 0
+    # each one-token prompt is in the generation cache once (a pair is not asked twice)
+    outputs = cache_rows(store).to_pylist()
+    assert sum(r["n_output_tokens"] <= 1 for r in outputs) >= pm["llm_calls"]

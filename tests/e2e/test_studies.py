@@ -69,13 +69,16 @@ def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
     metrics = store.read_parquet([f"{ev['dir']}/part-00000.parquet"]).to_pylist()
     m = {(r["model"], r["setting"], r["lang"], r["metric"]): r["value"] for r in metrics}
     assert 0 <= m[("scripted", "qlang-citation", "all", "KB CS")] <= 1
-    assert m[("scripted", "qlang-citation", "all", "unmapped")] == 0
+    assert m[("scripted", "qlang-citation", "all", "unparsed")] == 0
     # Picking "A" everywhere, the answer follows the option order of each language's query.
     assert m[("scripted", "qlang-citation", "all", "Response Countries mean")] >= 1
     assert m[("scripted", "qlang-citation", "en", "citation_rate:en")] is not None
-    # The tiny model's garbage is counted as unmapped, not dropped.
-    assert m[("tiny", "qlang-direct", "all", "unmapped")] + m[
-        ("tiny", "qlang-direct", "all", "errors")] >= 1
+    # The tiny model's garbage is counted as unparsed, not dropped.
+    assert m[("tiny", "qlang-direct", "all", "unparsed")] + m[
+        ("tiny", "qlang-direct", "all", "failed")] >= 1
+    # Every item's outcome is counted in the evaluate manifest: none leaves unseen.
+    outcomes = ev["items"]["outcomes"]
+    assert sum(outcomes.values()) == len(items) and outcomes["failed"] >= 4  # Taiwan_zhs
     table = store.read_bytes(f"{ev['dir']}/_table.md").decode()
     # Table 4's shape: rows model x IR mode, the published numbers beside no_ir's (the fixture
     # is m3's, so only no_ir compares) for a model the paper ran; neither model is one here
@@ -182,6 +185,9 @@ def test_xrag_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
     # prompts cut to fit max_model_len: counted in the generate and evaluate manifests
     assert ev["items"]["truncated"] == sum(m["generations"]["truncated"] for m in gens)
     items = store.read_parquet([f"{ev['dir']}/_items.parquet"]).to_pylist()
+    # Every item's outcome is counted in the evaluate manifest (the tiny model's: unparsed).
+    outcomes = ev["items"]["outcomes"]
+    assert sum(outcomes.values()) == len(items) and outcomes["unparsed"] >= 1
     scripted = {(i["setting"], i["lang"], i["item_id"]): i for i in items if i["model"] == "scripted"}
     # The vote is over the valid judges only (the API judge here), and their number is kept.
     assert {i["n_valid_judges"] for i in scripted.values()} == {1}

@@ -98,3 +98,53 @@ def test_rerank_texts_og_and_dt_cross_the_first_stage(tmp_path, ray_local):
             "mode: og}").replace("langs: [fi], translated: []", "langs: [fi]")
         cfg_file.write_text(bad)
         rerank_cells(load_config(cfg_file))
+
+
+def test_a_trec_first_stage_reranked_on_the_dt_texts(tmp_path, ray_local):
+    """A first stage made elsewhere (NV-Embed-v2's TREC runs in LLM-CLIR) reranked on the
+    translate stage's DT texts: its doc ids are looked up in the translated collection (the
+    translate.documents entry of the corpus's name, or `translations:`); an id without a
+    translation is a counted missing text; without the translations, a config error."""
+    from xling.config import load_config
+    from xling.core.config import ConfigError
+    from xling.jobs.rerank import RerankStage, rerank_cells
+    from xling.jobs.translate import translate_cell
+
+    (tmp_path / "topics.tsv").write_text("q1\tcapital of the Netherlands\n")
+    docs = [json.loads(line) for line in gzip.open(FI, "rt")]
+    ids = [d["docid"] for d in docs]
+    (tmp_path / "run.trec").write_text("".join(f"q1 Q0 {d} {k + 1} {100 - k} nv-embed-v2\n"
+                                               for k, d in enumerate(ids + ["not-translated"])))
+    trec_run = (f"{{name: nv-dt, trec: '{tmp_path}/run.trec', method: listwise, texts: dt, "
+                f"topics: {{name: t, path: '{tmp_path}/topics.tsv', langs: [en]}}, "
+                f"corpus: {{name: mrtydi, format: mrtydi, "
+                f"path: '{ROOT}/data/demo/mrtydi/{{lang}}.jsonl.gz', langs: [fi]}}}}")
+    text = CONFIG.format(root=tmp_path / "run", demo=ROOT / "data/demo", tmp=tmp_path)
+    text = text.split("index:")[0] + (
+        "rerank:\n  model: {model: m, backend: openai, base_url: 'http://127.0.0.1:9', "
+        f"api_key_env: null}}\n  runs:\n    - {trec_run}\n")
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(text)
+    cfg = load_config(cfg_file)
+    store = RunStore(cfg.run_root)
+    english = {d: f"passage about {d} in English" for d in ids}
+    dt = translate_cell(cfg, "doc", "mrtydi", "fi", "en")
+    commit(store, dt.dir, [{"id": i, "src_lang": "fi", "tgt_lang": "en", "title": None,
+                            "text": english[i], "error": None} for i in ids])
+    [cell] = rerank_cells(cfg)
+    assert dt.dir in cell.inputs
+    row = RerankStage().read(cell, cfg).take_all()[0]
+    assert row["doc_ids"] == ids + ["not-translated"] and row["missing"] == 1
+    assert row["texts"] == [english[d] for d in ids] + [""]
+    # The translations are named by the corpus's name; another name, or none: config errors.
+    renamed = text.replace("corpus: {name: mrtydi", "corpus: {name: nv-corpus")
+    cfg_file.write_text(renamed)
+    with pytest.raises(ConfigError, match="add translate.documents entry 'nv-corpus'"):
+        rerank_cells(load_config(cfg_file))
+    cfg_file.write_text(renamed.replace("texts: dt,", "texts: dt, translations: mrtydi,"))
+    [cell] = rerank_cells(load_config(cfg_file))
+    assert dt.dir in cell.inputs
+    cfg_file.write_text(text.replace("targets: [en]", "targets: [de]"))
+    with pytest.raises(ConfigError, match=r"translation of 'mrtydi' fi->en, which the config "
+                                          r"does not make"):
+        rerank_cells(load_config(cfg_file))

@@ -73,8 +73,10 @@ def make_data(tmp_path: Path, bl, pairs) -> dict:
 def gen(terr, lang, output, *, setting="no_ir-direct", model="m", error=None, parser=None):
     parse = parser or parse_direct
     parsed, perr = (None, None) if error else parse(output)
+    # a failed call has no output (core/llm.py); a parser's failure keeps the output
     return {"item_id": f"{terr.replace(' ', '_')}_{lang}", "setting": setting, "lang": lang,
-            "model": model, "parsed": parsed, "output": output, "error": error or perr}
+            "model": model, "parsed": parsed, "output": None if error else output,
+            "error": error or perr}
 
 
 def metric_map(metrics, setting="no_ir-direct", lang="all", model="m"):
@@ -184,7 +186,9 @@ def test_check_options_defaults():
     o = validate({"data": str(FIXTURE)})
     # the paper's main results: OpenAI-embedding hits (L123), direct answers (Table 4, L477)
     assert o["retriever"] == "openai" and o["modes"] == ["no_ir", "qlang", "rel_langs"]
-    assert o["prompts"] == ["direct"] and o["k"] == 10 and o["max_doc_words"] == 300
+    # whole passages, as the paper (L101); unparsed answers counted as the authors' code does
+    assert o["prompts"] == ["direct"] and o["k"] == 10 and o["max_doc_words"] is None
+    assert o["unparsed"] == "authors"
     assert o["expected"] is None
     assert o["territories"] is None  # the packaged copy: no checkout path in the cell hash
     assert validate(o) == o  # idempotent
@@ -203,6 +207,7 @@ def test_check_options_defaults():
     ({"data": str(FIXTURE), "k": True}, "k"),  # not a number of passages
     ({"data": str(FIXTURE), "bootstrap": None}, "bootstrap"),
     ({"data": str(FIXTURE), "max_doc_words": "long"}, "max_doc_words"),
+    ({"data": str(FIXTURE), "unparsed": "wrong"}, "unparsed"),
     ({"data": str(FIXTURE), "docs": "/nonexistent/docs.json"}, "docs"),
     ({"data": str(FIXTURE), "territories": "/nonexistent"}, "territories"),
     ({"data": str(FIXTURE), "n_hits": 10}, "n_hits"),
@@ -363,6 +368,22 @@ def test_missing_passage_is_an_error_row(opts, tmp_path):
     assert "crimea_uk_1" in rows[0]["error"] and rows[1]["error"] is None
 
 
+def test_passages_are_whole_by_default_and_cut_only_on_request(opts, tmp_path):
+    """The paper passes each retrieved paragraph whole (bordirlines.txt L101);
+    max_doc_words cuts them only when set. A 400-word Ukrainian passage in the prompt."""
+    docs = json.loads((FIXTURE / "docs.json").read_text("utf-8"))
+    long = " ".join(["Кримський півострів"] * 200)  # 400 words
+    docs["uk"]["crimea_uk_1"] = long
+    (tmp_path / "docs.json").write_text(json.dumps(docs, ensure_ascii=False), "utf-8")
+    o = {**opts, "docs": str(tmp_path / "docs.json")}
+    assert o["max_doc_words"] is None
+    user = build_prompts(o, "qlang-direct", "uk")[0]["prompt"][1]["content"]
+    assert f"Text: {long}\n\n" in user and " ..." not in user
+    user = build_prompts({**o, "max_doc_words": 300}, "qlang-direct", "uk")[0]["prompt"][1][
+        "content"]
+    assert long not in user and "Text: " + " ".join(long.split()[:300]) + " ...\n" in user
+
+
 # --------------------------------------------------------------------------------------
 # Parsers
 # --------------------------------------------------------------------------------------
@@ -454,14 +475,15 @@ def test_map_option(text, lang, terr, expected):
 # --------------------------------------------------------------------------------------
 
 
-def test_delta_cs_with_an_unknown_controller(tmp_path, bl):
-    pairs = [("Crimea", "en"), ("Crimea", "ru"), ("Crimea", "uk"),
+DELTA_PAIRS = [("Crimea", "en"), ("Crimea", "ru"), ("Crimea", "uk"),
              ("Aksai Chin", "en"), ("Aksai Chin", "zhs"), ("Aksai Chin", "hi"),
              ("Aksai Chin", "zht"),
              ("Donetsk Oblast", "en"), ("Donetsk Oblast", "ru"), ("Donetsk Oblast", "uk"),
              ("Azad Kashmir", "en"), ("Azad Kashmir", "ur"), ("Azad Kashmir", "hi")]
-    o = make_data(tmp_path, bl, pairs)
-    gens = [
+
+
+def delta_gens() -> list[dict]:
+    return [
         # Crimea: controller Russia, its language ru; uk is the other claimant language
         gen("Crimea", "en", "A) Russia"), gen("Crimea", "ru", "A) Россия"),
         gen("Crimea", "uk", "B) Україна"),
@@ -476,6 +498,12 @@ def test_delta_cs_with_an_unknown_controller(tmp_path, bl):
                                                           error="timeout after 60 s"),
         gen("Azad Kashmir", "hi", "Neither"),
     ]
+
+
+def test_delta_cs_with_an_unknown_controller(tmp_path, bl):
+    # unparsed: drop, so that Azad Kashmir's answers leave the CS metrics (counted)
+    o = {**make_data(tmp_path, bl, DELTA_PAIRS), "unparsed": "drop"}
+    gens = delta_gens()
     items, metrics = score(o, gens)
     m = metric_map(metrics)
     v = {k: x["value"] for k, x in m.items()}
@@ -503,9 +531,13 @@ def test_delta_cs_with_an_unknown_controller(tmp_path, bl):
     assert v["Response Countries + en mean"] == pytest.approx(2.0)
     # num_queries: answers per territory incl. en: 3 + 4 + 3; Azad Kashmir has none.
     assert v["num_queries"] == 10 and v["num_territories"] == 3
-    assert v["errors"] == 1 and v["unmapped"] == 2 and m["errors"]["n"] == 13
-    assert metric_map(metrics, lang="hi")["unmapped"]["value"] == 1
-    assert metric_map(metrics, lang="ur")["errors"]["value"] == 1
+    assert v["failed"] == 1 and v["unparsed"] == 2 and v["invalid"] == 0
+    assert m["failed"]["n"] == 13
+    assert metric_map(metrics, lang="hi")["unparsed"]["value"] == 1
+    assert metric_map(metrics, lang="ur")["failed"]["value"] == 1
+    assert {i["item_id"]: i["outcome"] for i in items if i["outcome"] != "scored"} == {
+        "Azad_Kashmir_en": "unparsed", "Azad_Kashmir_hi": "unparsed",
+        "Azad_Kashmir_ur": "failed"}
     by_id = {i["item_id"]: i for i in items}
     assert by_id["Azad_Kashmir_hi"]["error"] == (
         "cannot map the chosen option 'Neither' to a claimant of Azad Kashmir")
@@ -526,6 +558,42 @@ def test_delta_cs_with_an_unknown_controller(tmp_path, bl):
     assert v2["Consistency CS all"] == pytest.approx(4 / 9)
     assert v2["Consistency CS unk"] == pytest.approx(1.0)
     assert v2["Response Countries mean"] == pytest.approx(5 / 3)  # 2, 2, 1
+
+
+def test_unparsed_answers_count_as_the_authors_code_counts_them(tmp_path, bl):
+    """The default `unparsed: authors`: manestay/bordIRlines' gen_response_table.py makes an
+    answer with no option (claimant_ind -1) Response "None" (English) and Pick = the first
+    claimant (a claimant language), and calculate_CS.py scores both. Azad Kashmir (claimants
+    Pakistan;India, controller Pakistan, language ur): en "I cannot say." -> "None"; hi
+    "Neither" -> Pakistan; the ur call failed and has no response."""
+    o = make_data(tmp_path, bl, DELTA_PAIRS)
+    assert o["unparsed"] == "authors"
+    items, metrics = score(o, delta_gens())
+    m = metric_map(metrics)
+    v = {k: x["value"] for k, x in m.items()}
+    # KB: Crimea 1, Aksai Chin 0, Azad Kashmir "None" != Pakistan -> 0: 1/3 over 3
+    assert v["KB CS"] == pytest.approx(1 / 3) and m["KB CS"]["n"] == 3
+    # Control: Crimea 1, Aksai Chin 1; Azad Kashmir has no ur response
+    assert v["Control CS"] == pytest.approx(1.0) and m["Control CS"]["n"] == 2
+    # Non-control: Crimea 0, Aksai Chin 0.5, Azad Kashmir hi = Pakistan (controller) -> 1
+    assert v["Non-control CS"] == pytest.approx(0.5) and m["Non-control CS"]["n"] == 3
+    assert v["Delta CS"] == pytest.approx(1.0) and v["Delta CS unnormalized"] == pytest.approx(0.5)
+    # Consistency: Azad Kashmir has one claimant-language response, no pair
+    assert v["Consistency CS all"] == pytest.approx(1 / 9) and v["Consistency CS all rows"] == 3
+    # Response countries 2, 2, 2, 1; with en 2, 2, 2, 2 ({Pakistan, "None"})
+    assert v["Response Countries mean"] == pytest.approx(7 / 4)
+    assert v["Response Countries + en mean"] == pytest.approx(2.0)
+    assert v["num_queries"] == 12 and v["num_territories"] == 4
+    # the counts are the same whichever way unparsed answers are scored
+    assert (v["unparsed"], v["failed"], v["invalid"], m["unparsed"]["n"]) == (2, 1, 0, 13)
+    md = render_tables(metrics, o)
+    [row] = [r for r in md.splitlines() if r.startswith("| m | no_ir |")]
+    assert row.endswith("| 13 (2 unparsed, 1 failed) |")
+    assert "| m | no_ir-direct | 13 | 10 | 2 | 1 | 0 |" in md
+    assert "counted as the authors' code counts them" in md
+    dropped = render_tables(score({**o, "unparsed": "drop"}, delta_gens())[1],
+                            {**o, "unparsed": "drop"})
+    assert "left out (unparsed: drop)" in dropped
 
 
 def test_consistency_over_three_languages(tmp_path, bl):
@@ -684,7 +752,7 @@ def test_citation_and_inclusion_rates_are_averaged_per_query(opts):
     assert m["inclusion_rate:qlang"]["value"] == pytest.approx((1 / 2 + 0) / 2)
     assert m["citation_rate:qlang"]["n"] == 2
     assert m["no_citations"]["value"] == 1 and m["no_citations"]["n"] == 5
-    assert m["errors"]["value"] == 1
+    assert m["failed"]["value"] == 1 and m["unparsed"]["value"] == 0
     assert {i["item_id"]: i["claimant"] for i in items} == {
         "Crimea_ru": "Russia", "Donetsk_Oblast_ru": "Ukraine", "Abagaitu_Islet_ru": "Russia",
         "Abagaitu_Islet_zhs": "Russia", "Crimea_en": "Russia", "Crimea_uk": None}
@@ -711,7 +779,7 @@ def test_tables_have_the_shape_of_table_4(tmp_path, bl):
     md = render_tables(metrics)
     lines = md.splitlines()
     header = "| model | IR mode | KB CS | Con CS | Non CS | ΔCS | ΔCS abs | Cst CS (unk) | " \
-             "Cst CS (all) | # Country, mean | # Country, std dev |"
+             "Cst CS (all) | # Country, mean | # Country, std dev | n |"
     assert lines.count(header) == 2  # the direct prompt's Table 4, then the citation prompt's
     direct = md.split("citation prompt")[0]
     # rows model x mode, in the paper's mode order, after the RANDOM row; one territory:
@@ -720,13 +788,14 @@ def test_tables_have_the_shape_of_table_4(tmp_path, bl):
     assert [r.split(" | ")[:2] for r in rows] == [
         ["| ", "RANDOM"], ["| llama", "no_ir"], ["| llama", "qlang"],
         ["| gpt-4o", "no_ir"], ["| gpt-4o", "qlang"]]
-    assert rows[1] == "| llama | no_ir | 100.0 | 100.0 | 0.0 | – | 100.0 | – | 0.0 | 2.000 | – |"
+    assert rows[1] == ("| llama | no_ir | 100.0 | 100.0 | 0.0 | – | 100.0 | – | 0.0 | 2.000 | – "
+                       "| 3 |")
     # RANDOM: Crimea has 2 claimants -> 50 everywhere it is defined
     assert rows[0].startswith("|  | RANDOM | 50.0 | 50.0 | 50.0 | 0.0 | 0.0 | – | 50.0 |")
     assert "### BordIRLines concurrence scores, citation prompt" in md
     citation = md.split("citation prompt")[1].split("###")[0]
     assert "| llama | rel_langs |" in citation and "| llama | no_ir |" in citation
-    assert "Answers left out of the CS metrics" in md
+    assert "Answers behind the CS metrics" in md
     assert not any("; " in r for r in rows)  # no published numbers without "expected"
     assert render_tables([]) == "_No BordIRLines metrics._\n"
 
@@ -746,7 +815,7 @@ def test_tables_show_published_numbers_beside_ours(tmp_path, bl):
     gpt = row[("| gpt-4o", "no_ir")]
     assert "| 100.0 (77.0; +23.0) | 100.0 (77.4; +22.6) | 0.0 (67.7; -67.7) | – (14.3; –) | " \
            "100.0 (9.7; +90.3) |" in gpt
-    assert gpt.endswith("| 2.000 (1.167; +0.833) | – (0.374; –) |")
+    assert gpt.endswith("| 2.000 (1.167; +0.833) | – (0.374; –) | 3 |")
     assert "(81.4; " in row[("| gpt-4o", "qlang")]  # openai retrieval: qlang compares too
     # a model the paper did not run: ours only
     assert "(" not in row[("| qwen", "no_ir")] and "(" not in row[("| qwen", "qlang")]

@@ -184,3 +184,39 @@ def test_listwise_shrinks_passages_to_fit_the_context():
     out = listwise_rerank([q], lambda ps: [judge.answer(p[-1]["content"].replace(" x", ""))
                                            for p in ps], fit=fit)[0]
     assert out.shrunk == 1 and out.doc_ids[0] == "d3"
+
+
+def test_prp_answers_with_the_papers_one_token_by_default(tmp_path):
+    """LLM-CLIR's PRP (L105, L414: llm-rankers) continues the chat prompt by " Passage:" and
+    generates one token: the default `prp_answer`, with max_tokens 1. Free generation is the
+    named option `generate`; a backend that cannot continue a prompt is told to use it (a
+    listwise run there is fine)."""
+    from xling.config import load_config
+    from xling.core.config import ConfigError
+    from xling.jobs.rerank import RerankRun, rerank_cells
+
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 1.0 x\n")
+    (tmp_path / "t.tsv").write_text("q1\tquery\n")
+    (tmp_path / "d.jsonl").write_text('{"docid": "d1", "text": "passage"}\n')
+    src = (f"trec: '{tmp_path}/run.trec', topics: {{name: t, path: '{tmp_path}/t.tsv', "
+           f"langs: [en]}}, corpus: {{name: d, format: jsonl, path: '{tmp_path}/d.jsonl', "
+           "langs: [en]}")
+
+    def cells(backend: str, runs: list[str]):
+        model = ("{model: m, backend: openai, base_url: 'http://127.0.0.1:9', api_key_env: null}"
+                 if backend == "openai" else "{model: tiny:llama_chat, backend: vllm}")
+        (tmp_path / "c.yaml").write_text(
+            f"name: c\nrun_root: {tmp_path}/run\nrerank:\n  model: {model}\n  runs:\n"
+            + "".join(f"    - {{name: r{k}, {r}, {src}}}\n" for k, r in enumerate(runs)))
+        return rerank_cells(load_config(tmp_path / "c.yaml"))
+
+    assert RerankRun.model_fields["prp_answer"].default == "passage_token"
+    [cell] = cells("vllm", ["method: pairwise"])
+    assert cell.params["method"]["prp_answer"] == "passage_token"
+    assert cell.params["sampling"]["max_tokens"] == 1
+    [cell] = cells("vllm", ["method: pairwise, prp_answer: generate"])
+    assert cell.params["sampling"]["max_tokens"] == 8
+    with pytest.raises(ConfigError, match=r"set prp_answer: generate \(free generation\)"):
+        cells("openai", ["method: pairwise"])
+    assert len(cells("openai", ["method: pairwise, prp_answer: generate",
+                                "method: listwise"])) == 2

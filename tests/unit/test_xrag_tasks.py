@@ -446,11 +446,13 @@ def test_score_items(scored):
 
 
 def test_score_metrics_hand_computed(scored):
-    _, m = scored
+    items, m = scored
+    # the paper's accuracy is over every item (xrag.txt L186): D (failed) and E (unparsed)
+    # count as wrong; A, C wrong, B right -> 1/5
     acc = metric(m, "accuracy")
-    assert acc["value"] == pytest.approx(100 * 1 / 4) and acc["n"] == 4   # A, B, C, E scored
+    assert acc["value"] == pytest.approx(100 * 1 / 5) and acc["n"] == 5
     assert acc["ci_low"] < acc["value"] < acc["ci_high"]
-    assert metric(m, "judge_accuracy")["value"] == pytest.approx(100 * 2 / 4)
+    assert metric(m, "judge_accuracy")["value"] == pytest.approx(100 * 2 / 5)
     # the language check covers the answers (A, B, C; E has none): C is in English
     rle = metric(m, "response_language_error_rate")
     assert rle["value"] == pytest.approx(100 * 1 / 3) and rle["n"] == 3
@@ -458,15 +460,55 @@ def test_score_metrics_hand_computed(scored):
     ans = metric(m, "answer_rate")
     assert ans["value"] == pytest.approx(100 * 3 / 4) and ans["n"] == 4   # D failed: not run
     assert metric(m, "n_valid_judges")["value"] == pytest.approx((2 + 2 + 3 + 0) / 4)
-    assert metric(m, "unscored")["value"] == 1 and metric(m, "unscored")["n"] == 5
+    counts = {k: metric(m, k) for k in ("failed", "unjudged", "unparsed")}
+    assert {k: (r["value"], r["n"]) for k, r in counts.items()} == {
+        "failed": (1, 5), "unjudged": (0, 5), "unparsed": (1, 5)}
+    assert {r["item_id"]: r["outcome"] for r in items if r["lang"] == "de"} == {
+        "A": "judged", "B": "judged", "C": "judged", "D": "failed", "E": "unparsed"}
     assert metric(m, "accuracy", "es")["value"] == 100
     assert metric(m, "accuracy", "zh")["value"] == 0
     assert metric(m, "accuracy", "ar")["value"] == 50
     # Table 4: the unweighted mean over the non-English languages
     avg = metric(m, "accuracy", "avg")
-    assert avg["value"] == pytest.approx((25 + 100 + 0 + 50) / 4) and avg["n"] == 4 + 2 + 2 + 2
+    assert avg["value"] == pytest.approx((20 + 100 + 0 + 50) / 4) and avg["n"] == 5 + 2 + 2 + 2
     assert metric(m, "response_language_error_rate", "avg")["value"] == pytest.approx(100 / 3 / 4)
+    assert not [r for r in m if r["lang"] == "avg" and r["metric"] in ("failed", "unparsed")]
     assert all(r["study"] == "xrag" for r in m)
+
+
+def test_failed_and_unjudged_items_stay_in_the_denominator():
+    """An answer no judge could judge (F), a generation that failed (D) and one whose
+    prompt was never built because its translated article was flagged by the translation
+    language check (T: an error row with no output): each counts as wrong in the default
+    accuracy, is counted by name, and shows in the table's n; `accuracy_over: judged` is
+    the earlier accuracy over the judged items only."""
+    flagged = ("no English translation of article(s) T#a1 (translations source "
+               "'xrag-articles'; multi_en_x needs the X articles in English)")
+    gens = [gen("A", setting="multi"), gen("B", setting="multi"), gen("F", setting="multi"),
+            gen("D", setting="multi", error="HTTP 500", output=None),
+            gen("T", setting="multi", error=flagged, output=None),
+            gen("E", setting="multi", answer=None, error="no <answer> tag", output="blah")]
+    judg = (judged("A", ["correct"] * 3, setting="multi")
+            + judged("B", ["incorrect"] * 3, setting="multi")
+            + judged("F", [None, None, None], setting="multi"))
+    items, m = score(opts(langs=["de"]), gens, judg)
+    out = {r["item_id"]: r["outcome"] for r in items}
+    assert out == {"A": "judged", "B": "judged", "F": "unjudged", "D": "failed",
+                   "T": "failed", "E": "unparsed"}
+    acc = metric(m, "accuracy", setting="multi")
+    assert (acc["value"], acc["n"]) == (pytest.approx(100 / 6), 6)
+    assert [metric(m, k, setting="multi")["value"] for k in ("failed", "unjudged", "unparsed")
+            ] == [2, 1, 1]
+    # the earlier denominator: the items with a verdict (A, B, E)
+    _, judged_only = score(opts(langs=["de"], accuracy_over="judged"), gens, judg)
+    acc = metric(judged_only, "accuracy", setting="multi")
+    assert (acc["value"], acc["n"]) == (pytest.approx(100 / 3), 3)
+    assert metric(judged_only, "failed", setting="multi")["value"] == 2
+    md = render(m, opts(langs=["de"], expected=None))
+    [row] = [r for r in md.splitlines() if r.startswith("| m | multi:")
+             and "failed" in r]
+    assert "| 6 (2 failed, 1 unjudged, 1 unparsed) |" in row
+    assert "count as wrong, as the paper's accuracy is over every item" in md
 
 
 def test_score_english_baseline_and_missing_languages():
@@ -578,7 +620,7 @@ def test_tables_have_the_papers_shape(scored):
     assert "| Model | No Retrieval | Oracle Retrieval |" in t3
     assert "| m | 5.00 | – |" in t3
     assert "| Model | En | De | Es | Zh | Ar | Avg |" in t4
-    assert "| m | 80.00 | 25.00 | 100.00 | 0.00 | 50.00 | 43.75 |" in t4
+    assert "| m | 80.00 | 20.00 | 100.00 | 0.00 | 50.00 | 42.50 |" in t4
     assert "| other | 80.00 | – | – | – | – | – |" in t4
     assert ("| Model | En+En_De (En) | En+De (De) | En+En_Es (En) | En+Es (Es) | En+En_Zh (En) "
             "| En+Zh (Zh) | En+En_Ar (En) | En+Ar (Ar) | Avg (crossling.) |") in t5
@@ -600,6 +642,10 @@ def test_tables_have_the_papers_shape(scored):
     assert "Response-language errors" in md and "| m | mono: Monolingual retrieval | 33.33 |" in md
     assert "| other | multi: XRAG-MultiR | – | – | 2 | – | – |" in md   # truncated count
     assert "| all | 0.71 |" in md
+    # every accuracy's n, with the failed and unparsed items named (D and E of `scored`)
+    n = md.split("**Items behind each accuracy")[1].split("\n\n**")[0]
+    assert "| m | mono: Monolingual retrieval | 5 (1 failed, 1 unparsed) | 2 | 2 | 2 | " \
+           "11 (1 failed, 1 unparsed) |" in n
     assert "paper:" not in md   # expected: null
     empty = render([], opts())
     assert "Table 4" in empty and "(no results)" in empty

@@ -70,10 +70,38 @@ class ExternalRun(Strict):
     doc_lang: str | None = None
 
 
+class PairTable(Strict):
+    """A table of tables.md with the language pairs it names, in its order, as a paper's
+    table names them (LLM-CLIR Table 2: the 9 CLEF pairs EN-FI ... FI-RU, which are no full
+    query x document grid of one topic set)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$",
+                      description="its title; a `paper:` table of the expected file with "
+                                  "`topics: <name>` is printed beside it")
+    pairs: list[str] = Field(min_length=1, description="'qlang-doc_lang' each (en-fi), the "
+                                                       "columns in this order; AVG is over them")
+    topics: list[str] | None = Field(None, description="the retrieve.topics sets the pairs "
+                                                       "come from (default: all of them)")
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs(cls, v: list[str]) -> list[str]:
+        bad = [p for p in v if len(p.split("-")) != 2 or not all(p.split("-"))]
+        if bad:
+            raise ValueError(f"pairs {bad}: write each as 'qlang-doc_lang', e.g. en-fi")
+        if len(set(map(str.lower, v))) != len(v):
+            raise ValueError(f"pairs {v} name a pair twice")
+        return [p.lower() for p in v]
+
+
 class EvaluateConfig(Strict):
     """`evaluate`: trec_eval metrics (pytrec_eval) per query and averaged, oracle, t-tests."""
 
     runs: list[ExternalRun] = []
+    tables: list[PairTable] = NoHash(
+        [], description="the tables of tables.md, each naming its language pairs (CLEF's 9 "
+        "of LLM-CLIR Table 2 across three topic sets); default one table per topic set, "
+        "every query language x document language of it")
 
     metrics: list[str] = Field(
         ["map", "ndcg_cut_10", "ndcg_cut_20", "recall_100", "recip_rank"],
@@ -132,6 +160,8 @@ def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
         cells.append(study_cell(cfg))
     if cfg.retrieve is None:
         return cells
+    if cfg.evaluate.tables:
+        table_pairs(cfg)  # a table naming a pair no topic set searches fails here, early
     groups: dict[tuple, dict[str, str]] = {}
     for c in [*run_cells(cfg), *fusion_cells(cfg)]:
         groups.setdefault((c.key["topics"], c.key["qlang"], c.key["doc_lang"]), {})[
@@ -428,11 +458,9 @@ def markdown_table(cell: Cell, metrics: list[str], means: dict, comparisons: lis
 
 
 def run_tables(cfg: XlingConfig, store: RunStore) -> list:
-    """Every (topic set, measure) of the finished evaluate cells as an `irmetrics.RunTable`
-    (systems x language pairs), read from the cells' stored rows, so cells skipped as done
+    """Every table of tables.md and measure as an `irmetrics.RunTable` (systems x language
+    pairs), read from the finished evaluate cells' stored rows, so cells skipped as done
     count."""
-    from xling.tasks import irmetrics
-
     rows = []
     for c in evaluate_cells(cfg):
         if "study" in c.key or not store.read_json_or_none(f"{c.dir}/_manifest.json"):
@@ -441,28 +469,68 @@ def run_tables(cfg: XlingConfig, store: RunStore) -> list:
         t = t.filter(pc.is_null(t["query_id"]))
         rows += [{**r, "key": c.key, "reranked": c.params.get("reranked", {})}
                  for r in t.to_pylist()]
-    tables = []
-    for ts in cfg.retrieve.topics:
-        mine = [r for r in rows if r["key"]["topics"] == ts.name]
+    return pair_tables(rows, table_pairs(cfg), cfg.evaluate.metrics)
+
+
+def table_pairs(cfg: XlingConfig) -> dict[str, list[tuple[str, str, str]]]:
+    """{table name: [(topic set, qlang, doc_lang), ...]}: `evaluate.tables`, each pair found
+    in exactly one of its topic sets, or one table per topic set (its full grid)."""
+    sets = {ts.name: ts for ts in cfg.retrieve.topics}
+    if not cfg.evaluate.tables:
+        return {ts.name: [(ts.name, ql, dl) for ql in ts.langs for dl in ts.doc_langs]
+                for ts in cfg.retrieve.topics}
+    out = {}
+    for i, table in enumerate(cfg.evaluate.tables):
+        where = f"evaluate.tables[{i}] ('{table.name}')"
+        names = table.topics or list(sets)
+        unknown = [n for n in names if n not in sets]
+        if unknown:
+            raise ConfigError(f"{where}: topics {unknown} are not retrieve.topics names "
+                              f"({sorted(sets)})")
+        cells = []
+        for pair in table.pairs:
+            ql, dl = pair.split("-")
+            found = [n for n in names if ql in sets[n].langs and dl in sets[n].doc_langs]
+            if len(found) != 1:
+                raise ConfigError(
+                    f"{where}: pair {pair} is searched by " + (
+                        f"topic sets {found}: name one in the table's `topics:`" if found else
+                        f"no topic set of {names}: add {ql} to the `langs` and {dl} to the "
+                        "`doc_langs` of one"))
+            cells.append((found[0], ql, dl))
+        out[table.name] = cells
+    return out
+
+
+def pair_tables(rows: list[dict], tables: dict[str, list[tuple[str, str, str]]],
+                metrics: list[str]) -> list:
+    """The evaluate cells' mean rows (each with its cell `key` and `reranked` spec) as one
+    `irmetrics.RunTable` per (table, measure): columns the table's pairs, rows its systems,
+    `*` where a reranker's paired t-test against its first stage gives p < 0.05."""
+    from xling.tasks import irmetrics
+
+    out = []
+    for name, cells in tables.items():
+        label = {cell: irmetrics.pair_label(cell[1], cell[2]) for cell in cells}
+        mine = [(r, label[k]) for r in rows
+                if (k := (r["key"]["topics"], r["key"]["qlang"], r["key"]["doc_lang"])) in label]
         if not mine:
             continue
-        labels = [irmetrics.pair_label(ql, dl) for ql in ts.langs for dl in ts.doc_langs]
-        inputs = {s: spec["input"] for r in mine for s, spec in r["reranked"].items()}
-        for metric in cfg.evaluate.metrics:
+        inputs = {s: spec["input"] for r, _ in mine for s, spec in r["reranked"].items()}
+        for metric in metrics:
             values: dict[str, dict[str, float]] = {}
             significant: dict[str, dict[str, bool]] = {}
-            for r in mine:
-                label = irmetrics.pair_label(r["key"]["qlang"], r["key"]["doc_lang"])
+            for r, pair in mine:
                 if r["metric"] == metric and r["setting"] != "comparison":
                     system = r["system"] if not r["model"].endswith("+oracle") else r["model"]
-                    values.setdefault(system, {})[label] = r["value"]
+                    values.setdefault(system, {})[pair] = r["value"]
                 elif r["metric"] == f"{metric}:ttest_p" and r["system"] in inputs and \
                         r["model"] == f"{r['system']} vs {inputs[r['system']]}":
-                    significant.setdefault(r["system"], {})[label] = \
+                    significant.setdefault(r["system"], {})[pair] = \
                         irmetrics.significant(r["value"])
-            tables.append(irmetrics.RunTable(ts.name, metric, labels, values, significant,
-                                             inputs))
-    return tables
+            out.append(irmetrics.RunTable(name, metric, list(label.values()), values,
+                                          significant, inputs))
+    return out
 
 
 def write_pair_tables(cfg: XlingConfig, store: RunStore, *, log=print) -> str | None:

@@ -6,7 +6,9 @@ file. The input of a cell is one row per query: the query text and its top `dept
 candidates with their passage texts. `texts` chooses those texts independently of the
 first stage (LLM-CLIR's OG / DT reranking, Figure 1): `og` the original documents, `dt` the
 translate stage's translations into the query language, `index` (default) the texts of the
-index the first stage searched. So BM25 over DT can be reranked on the original texts and a
+index the first stage searched; for a TREC file, `og`/`index` its `corpus:` and `dt` the
+corpus's translations, looked up by doc id. PRP answers with one token after " Passage:"
+by default (the paper's llm-rankers), or by free generation (`prp_answer: generate`). So BM25 over DT can be reranked on the original texts and a
 dense run over the originals on the DT texts (LLM-CLIR Tables 2-7, rows "(OG)" / "(DT)").
 
     read   hits + queries + passage texts -> one row per query (driver-side join)
@@ -80,7 +82,13 @@ class RerankRun(Strict):
     texts: Literal["index", "og", "dt"] = Field(
         "index", description="passage texts shown to the LLM: og = original documents, dt = the "
         "translate stage's translations into the query language (LLM-CLIR's OG / DT "
-        "reranking), index = those of the index the first stage searched")
+        "reranking), index = those of the index the first stage searched (with `trec`: og "
+        "and index = the `corpus:` documents, dt = their translations, looked up by id)")
+    translations: str | None = Field(
+        None, json_schema_extra={"hash": "if_set"},
+        description="with trec and texts: dt: the translate.documents entry whose "
+                    "translations into the query language are the passages (default: the "
+                    "corpus's name)")
     fit: Literal["shrink", "engine"] = Field(
         "shrink", description="listwise: a window longer than the context has its passages "
         "cut further until it fits, as rank_llm does (vLLM only: it needs the tokenizer); "
@@ -88,10 +96,12 @@ class RerankRun(Strict):
     prompt_style: Literal["figure", "llm_rankers"] = Field(
         "figure", description="pairwise prompt: LLM-CLIR Figure 4 verbatim, or llm-rankers' "
         "character-exact variant (quoted query and passages)")
-    prp_answer: Literal["generate", "passage_token"] = Field(
-        "generate", description="pairwise answers: generate freely and parse 'Passage A/B', or "
-        "passage_token = llm-rankers: the chat prompt continued by ' Passage:' and one token "
-        "(vLLM only)")
+    prp_answer: Literal["passage_token", "generate"] = Field(
+        "passage_token", description="pairwise answers: passage_token (the default) = the "
+        "paper's PRP in llm-rankers (llm-clir.txt L105, L414): the chat prompt continued by "
+        "' Passage:' and one token, read as A or B (a backend that continues prompts: vLLM); "
+        "generate = free generation of up to 8 tokens, 'Passage A/B' found by a regex (any "
+        "backend)")
     prp_constrain: bool = Field(False, description="with passage_token: allow only the tokens A "
                                                    "and B (vLLM allowed_token_ids); llm-rankers "
                                                    "does not")
@@ -107,9 +117,10 @@ class RerankRun(Strict):
         if self.trec is not None and (self.topics is None or self.corpus is None):
             raise ValueError(f"rerank run '{self.name}': a `trec` input needs `topics:` and "
                              "`corpus:` for the query and passage texts")
-        if self.trec is not None and self.texts != "index":
-            raise ValueError(f"rerank run '{self.name}': a `trec` input reads its texts from "
-                             "`corpus:`; texts: og/dt choose between a retrieve run's sources")
+        if self.translations is not None and (self.trec is None or self.texts != "dt"):
+            raise ValueError(f"rerank run '{self.name}': `translations` names the DT texts of a "
+                             "`trec` input with texts: dt; a retrieve run's DT texts are those "
+                             "of the collections it searched")
         if self.step > self.window:
             raise ValueError(f"rerank run '{self.name}': step {self.step} > window {self.window} "
                              "would skip passages")
@@ -160,15 +171,18 @@ def rerank_cells(cfg: XlingConfig) -> list[Cell]:
         sampling = sampling_of(rc.model, rc.sampling or default_sampling(run)).as_dict()
         method = {k: v for k, v in hashable(run).items() if k not in ("name", "input")}
         params = {"method": method, "model": model, "sampling": sampling}
-        if run.trec:
-            cells.append(Cell("rerank", {"run": run.name}, {**params, "trec": run.trec},
-                              inputs=[run.trec], n_shards=rc.shards))
-            continue
-        if run.prp_answer == "passage_token" and not rc.model.CONTINUES_PROMPT:
+        if run.method == "pairwise" and run.prp_answer == "passage_token" \
+                and not rc.model.CONTINUES_PROMPT:
             able = " or ".join(n for n, s in spec_classes().items() if s.CONTINUES_PROMPT)
-            raise ConfigError(f"rerank run '{run.name}': prp_answer: passage_token continues the "
-                              f"chat prompt by ' Passage:', which needs backend: {able}; use "
-                              f"prp_answer: generate with backend {rc.model.backend}")
+            raise ConfigError(f"rerank run '{run.name}': prp_answer: passage_token (the default, "
+                              f"the paper's one-token answer) continues the chat prompt by "
+                              f"' Passage:', which needs backend: {able}; with backend "
+                              f"{rc.model.backend} set prp_answer: generate (free generation)")
+        if run.trec:
+            dt = [c.dir for c in _trec_dt_cells(cfg, run)] if run.texts == "dt" else []
+            cells.append(Cell("rerank", {"run": run.name}, {**params, "trec": run.trec},
+                              inputs=[run.trec, *dt], n_shards=rc.shards))
+            continue
         for up in upstream:
             if up.key["run"] == run.input:
                 inputs = [up.dir]
@@ -195,6 +209,53 @@ def _dt_cells(cfg: XlingConfig, up: Cell, name: str) -> list[Cell]:
                 f"make: add {up.key['qlang']} to the targets of translate.documents '{col}'"
             ) from None
     return out
+
+
+def _trec_dt_cells(cfg: XlingConfig, run: RerankRun) -> list[Cell]:
+    """The translate cells holding the DT texts of a `trec` input's corpus: each corpus
+    language translated into the query language, by the translate.documents entry
+    `translations` (default: the corpus's name)."""
+    from xling.jobs.translate import translate_cell
+
+    source, qlang = run.translations or run.corpus.name, run.topics.langs[0]
+    fix = (f"add translate.documents entry '{source}' (the corpus's documents) with targets "
+           f"[{qlang}], or name the entry that has them in the run's `translations:`")
+    if cfg.translate is None:
+        raise ConfigError(f"rerank run '{run.name}': texts: dt reads the translate stage's "
+                          f"translations of the corpus, and the config has no `translate:` "
+                          f"section: {fix}")
+    out = []
+    for lang in run.corpus.langs:
+        if lang == qlang:
+            continue  # documents already in the query language are their own DT
+        try:
+            out.append(translate_cell(cfg, "doc", source, lang, qlang))
+        except StageFailed:
+            raise ConfigError(f"rerank run '{run.name}': texts: dt needs the translation of "
+                              f"'{source}' {lang}->{qlang}, which the config does not make: "
+                              f"{fix}") from None
+    return out
+
+
+def _trec_texts(cfg: XlingConfig, run: RerankRun, store: RunStore) -> list:
+    """The passages of a `trec` input as Ray Datasets of documents rows: the corpus (texts
+    og / index), or for dt its translations into the query language, looked up by doc id
+    (a corpus language that is the query language is read as it is)."""
+    import ray.data
+
+    from xling.core.runner import require_done
+    from xling.jobs.index import _translations_as_documents
+
+    qlang = run.topics.langs[0]
+    docs = [read_documents(run.corpus, l, spec_files(run.corpus, l, "rerank.corpus"))
+            for l in run.corpus.langs if run.texts != "dt" or l == qlang]
+    if run.texts == "dt":
+        for dt in _trec_dt_cells(cfg, run):
+            manifest = require_done(store, dt, f"rerank run '{run.name}' (texts: dt)")
+            files = [store.fs_path(f"{dt.dir}/{f}") for f in manifest["files"]]
+            docs.append(ray.data.read_parquet(files, filesystem=store.fs, shuffle=None)
+                        .map_batches(_translations_as_documents, batch_format="pyarrow"))
+    return docs
 
 
 def _collections(cfg: XlingConfig, up: Cell) -> list[str]:
@@ -237,8 +298,7 @@ class RerankStage(Stage):
                 hits = read_trec_run(f)
             lang = run.topics.langs[0]
             queries = read_queries(run.topics, lang, spec_files(run.topics, lang, "rerank.topics"))
-            docs = [read_documents(run.corpus, l, spec_files(run.corpus, l, "rerank.corpus"))
-                    for l in run.corpus.langs]
+            docs = _trec_texts(cfg, run, store)
         else:
             hits = read_cell(store, cell.params["input"],
                              columns=["query_id", "doc_id", "rank", "score", "error"])

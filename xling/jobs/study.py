@@ -271,6 +271,7 @@ def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) 
     """Score the study's generations the paper's way: items, metrics and the paper's tables.
     Returns the manifest's fields (jobs/evaluate.py writes the manifest)."""
     import json
+    from collections import Counter
 
     from xling.core.runner import ITEMS, PLOTS, TABLE
 
@@ -309,6 +310,12 @@ def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) 
             "items": {"rows": len(items), "errors": errors, "file": ITEMS,
                       # prompts the engine cut to fit max_model_len (XRAG items carry it)
                       **({"truncated": sum(1 for i in items if i.get("truncated"))}
-                         if any("truncated" in i for i in items) else {})},
+                         if any("truncated" in i for i in items) else {}),
+                      # how each item ended (XRAG: judged, failed, unjudged, unparsed...;
+                      # BordIRLines: scored, unparsed, failed, invalid), so that no item
+                      # leaves a denominator unseen
+                      **({"outcomes": dict(sorted(Counter(
+                          str(i["outcome"]) for i in items if i.get("outcome")).items()))}
+                         if any(i.get("outcome") for i in items) else {})},
             "generations": len(gens), "language_check": check, "table": TABLE,
             "plots": sorted(f"{PLOTS}/{n}" for n in rendered.plots)}

@@ -12,8 +12,10 @@ Prompts are the LLM-CLIR paper's Figures 3 and 4 (Appendix A), read from
 `rerank_prompts.yaml` next to this module, which cites the figure lines. Where the paper's
 implementations differ from the figures (rank_llm for listwise, ielab/llm-rankers for PRP),
 the difference is an option, never a silent change:
-- PRP `prompt_style="llm_rankers"`: llm-rankers' quoted prompt; `passage_token` answers:
-  the engine continues " Passage:" by one token (see `parse_passage_token`);
+- PRP `prompt_style="llm_rankers"`: llm-rankers' quoted prompt; answers: the engine
+  continues " Passage:" by one token (`parse_passage_token`, the rerank stage's default
+  `prp_answer: passage_token`, as the paper ran it), or free generation (`parse_choice`,
+  `prp_answer: generate`);
 - PRP `restore_tail`: llm-rankers returns the sorted top-k, then every other candidate in
   its first-stage order (not in the order the bubble passes left it);
 - listwise `fit`: rank_llm shrinks the passages until the window's prompt fits the context

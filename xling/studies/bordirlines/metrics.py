@@ -158,24 +158,38 @@ def _cited_numbers(parsed: Mapping) -> list[int]:
     return list(dict.fromkeys(nums))
 
 
+# What an answer that names no claimant counts as under `unparsed: authors`: the authors'
+# gen_response_table.py (manestay/bordIRlines @ de66e19) writes Response "None" for it.
+NO_ANSWER = "None"
+# An item's outcome (its `outcome` column, counted per cell and in the evaluate manifest):
+# scored (names a claimant), unparsed (an output that names none), failed (no output: the
+# call or its prompt failed), invalid (a query or territory the data does not have).
+OUTCOMES = ("scored", "unparsed", "failed", "invalid")
+
+
 def _item(opts: Mapping, borderlines: BorderLines, queries: dict, gen: Mapping) -> dict:
-    """One generation's item: its territory, chosen option and claimant, or its error."""
+    """One generation's item: its territory, chosen option and claimant, or its error, and
+    its outcome (OUTCOMES)."""
     query = queries.get(str(gen.get("item_id")))
     territory = borderlines.territory(query["territory"]) if query else None
     parsed = gen.get("parsed")
     item = {"item_id": gen.get("item_id"), "study": STUDY, "setting": gen.get("setting"),
             "lang": gen.get("lang"), "model": gen.get("model"),
             "territory": territory.name if territory else (query or {}).get("territory"),
-            "option": None, "claimant": None, "error": None, "_unmapped": False,
+            "option": None, "claimant": None, "outcome": "scored", "error": None,
             "_parsed": parsed}
-    if gen.get("error"):
-        item["error"] = str(gen["error"])
-    elif query is None:
+    if query is None:
         item["error"] = f"unknown query id {gen.get('item_id')!r} (not in queries.tsv)"
+        item["outcome"] = "invalid"
     elif territory is None:
         item["error"] = f"territory {query['territory']!r} is not in the BorderLines table"
-    elif not isinstance(parsed, Mapping):
-        item["error"] = "no parsed output"
+        item["outcome"] = "invalid"
+    elif gen.get("output") is None:  # the call failed, or its prompt could not be built
+        item["error"] = str(gen.get("error") or "no output")
+        item["outcome"] = "failed"
+    elif not isinstance(parsed, Mapping):  # an output the parser could not read
+        item["error"] = str(gen.get("error") or "no parsed output")
+        item["outcome"] = "unparsed"
     else:
         option = parsed.get("option") or parsed.get("answer")
         item["option"] = option
@@ -183,7 +197,7 @@ def _item(opts: Mapping, borderlines: BorderLines, queries: dict, gen: Mapping) 
         if claimant is None:
             item["error"] = (f"cannot map the chosen option {option!r} to a claimant of "
                              f"{territory.name}")
-            item["_unmapped"] = True
+            item["outcome"] = "unparsed"
         else:
             item["claimant"] = claimant
     return item
@@ -197,8 +211,11 @@ def score(opts: Mapping, generations: Iterable[Mapping]) -> tuple[list[dict], li
     ``parsed`` (the parser's dict, or None), ``output`` and ``error``.
 
     Items: one row per generation with the ``territory``, the chosen ``option`` text, the
-    canonical ``claimant`` and an ``error`` (the generation's own, or "cannot map the chosen
-    option ..."); errored and unmapped rows are left out of every CS metric.
+    canonical ``claimant``, its ``outcome`` (OUTCOMES) and an ``error`` (the generation's
+    own, or "cannot map the chosen option ..."). An unparsed answer (an output that names no
+    claimant) counts in the CS metrics as the authors' code counts it (option ``unparsed:
+    authors``: see `_response`) or is left out (``unparsed: drop``); failed and invalid
+    items are left out (the authors' code has no row for a query without a response).
 
     Metrics (``lang`` "all" unless said), per (model, setting):
 
@@ -208,7 +225,8 @@ def score(opts: Mapping, generations: Iterable[Mapping]) -> tuple[list[dict], li
       ``Consistency CS all``/``unk`` (+ ``rows``), ``Response Countries mean``/``σ`` (+ ``en``
       variants), ``num_queries``, ``num_territories``; fractions in [0, 1]; 95% bootstrap
       intervals over territories for the means;
-    * per query language and "all": ``errors`` and ``unmapped`` counts (n = generations);
+    * per query language and "all": the ``unparsed``, ``failed`` and ``invalid`` counts
+      (n = generations);
     * model ``RANDOM``, setting ``random``: the expected CS metrics of an answer drawn
       uniformly from the options (1/k per territory with k claimants), over the territories
       and languages of the run's queries: the paper's RANDOM row (Table 4);
@@ -245,24 +263,44 @@ def score(opts: Mapping, generations: Iterable[Mapping]) -> tuple[list[dict], li
     return out_items, metrics
 
 
+def _response(opts: Mapping, item: dict, territory: Territory, qlang: str
+              ) -> tuple[str | None, str | None]:
+    """(the English control response, the claimant-language response) an item gives its
+    territory's response set; None where it gives none. An unparsed answer gives what the
+    authors' gen_response_table.py makes of it (`unparsed: authors`): Response_en "None",
+    Pick = the first claimant; with `unparsed: drop` nothing."""
+    claimant = item["claimant"]
+    if claimant is None:
+        if item["outcome"] != "unparsed" or opts.get("unparsed", "authors") != "authors":
+            return None, None
+        en, claim = NO_ANSWER, territory.claimants[0]
+    else:
+        en = claim = claimant
+    return (en if qlang == "en" else None,
+            claim if qlang in territory.claimant_langs else None)
+
+
 def _cs_metrics(opts, borderlines, queries, model, setting, items) -> list[dict]:
-    # Territories in scope: those with at least one mapped answer (in a full run, every
-    # territory, as in calculate_CS.py; a territory whose answers all failed is left out
-    # rather than counted as 0 response countries).
+    # Territories in scope: those with at least one answer in their response set (in a full
+    # run, every territory, as in calculate_CS.py; a territory whose answers all failed is
+    # left out rather than counted as 0 response countries).
     responses: dict[str, dict[str, str]] = defaultdict(dict)
     response_en: dict[str, str] = {}
     scope: list[str] = []
     for item in items:
         territory = borderlines.territory(item["territory"]) if item["territory"] else None
-        if territory is None or item["claimant"] is None:
+        if territory is None or item["outcome"] in ("failed", "invalid"):
+            continue
+        qlang = queries[str(item["item_id"])]["lang"]
+        en, claim = _response(opts, item, territory, qlang)
+        if en is None and claim is None:
             continue
         if territory.name not in scope:
             scope.append(territory.name)
-        qlang = queries[str(item["item_id"])]["lang"]
-        if qlang == "en":  # the control query (also the claimant query of English claimants)
-            response_en[territory.name] = item["claimant"]
-        if qlang in territory.claimant_langs:
-            responses[territory.name].setdefault(qlang, item["claimant"])
+        if en is not None:  # the control query (also the claimant query of English claimants)
+            response_en[territory.name] = en
+        if claim is not None:
+            responses[territory.name].setdefault(qlang, claim)
     rows = [_territory_cs(borderlines.territories[t], responses.get(t, {}), response_en.get(t))
             for t in scope]
     stats = _cs_stats(rows)
@@ -272,15 +310,16 @@ def _cs_metrics(opts, borderlines, queries, model, setting, items) -> list[dict]
 
 
 def _count_metrics(model, setting, items) -> list[dict]:
+    """Per query language and "all": how many answers had each outcome (n = answers), so
+    that no answer leaves the CS metrics' denominators unseen."""
     by_lang: dict[str, list[dict]] = defaultdict(list)
     for item in items:
         by_lang[item["lang"]].append(item)
     out = []
     for lang, group in [("all", items)] + sorted(by_lang.items(), key=lambda x: str(x[0])):
-        errors = sum(1 for it in group if it["error"] and not it["_unmapped"])
-        unmapped = sum(1 for it in group if it["_unmapped"])
-        out.append(_metric(setting, lang, model, "errors", errors, len(group)))
-        out.append(_metric(setting, lang, model, "unmapped", unmapped, len(group)))
+        for outcome in OUTCOMES[1:]:
+            out.append(_metric(setting, lang, model, outcome,
+                               sum(1 for it in group if it["outcome"] == outcome), len(group)))
     return out
 
 
@@ -329,7 +368,7 @@ def _citation_shares(opts, queries, mode, items):
     for item in items:
         parsed = item["_parsed"]
         query = queries.get(str(item["item_id"]))
-        if ((item["error"] and not item["_unmapped"]) or not isinstance(parsed, Mapping)
+        if (item["outcome"] in ("failed", "invalid") or not isinstance(parsed, Mapping)
                 or query is None):
             continue
         hits, err = shown_hits(opts, mode, query)

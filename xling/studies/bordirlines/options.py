@@ -93,12 +93,26 @@ class Options(StudyOptions):
         10, ge=1, strict=True,
         description="Passages per prompt (the paper's top 10).")
     max_doc_words: int | None = Field(
-        300, ge=1, strict=True,
-        description="Each passage is cut after this many words (a word is a whitespace-"
-                    "separated token, or one character of a script written without spaces: "
-                    "Chinese, Japanese, Thai, Lao, Khmer, Burmese, Tibetan); null keeps "
-                    "passages whole. Wikipedia paragraphs are almost always shorter; the cap "
-                    "bounds a 10-passage prompt.")
+        # The paper passes each retrieved paragraph whole (bordirlines.txt L101: documents
+        # are Wikipedia paragraphs; the authors' get_user_prompt_direct writes `doc` uncut).
+        None, ge=1, strict=True,
+        description="null (the default, as the paper): passages whole. A number cuts each "
+                    "passage after that many words (a word is a whitespace-separated token, "
+                    "or one character of a script written without spaces: Chinese, Japanese, "
+                    "Thai, Lao, Khmer, Burmese, Tibetan), marked ' ...'; an extension that "
+                    "bounds a 10-passage prompt, not the paper's setting.")
+    unparsed: Literal["authors", "drop"] = Field(
+        "authors",
+        # The paper is silent; its code (manestay/bordIRlines @ de66e19, generation/
+        # gen_response_table.py) turns an answer with no option (claimant_ind -1) into
+        # Response "None" and Pick = the territory's first claimant, and calculate_CS.py
+        # scores both.
+        description="What an answer that names no claimant (no parsed option, or one that "
+                    "maps to none) counts as in the CS metrics. `authors` (the default, as "
+                    "the authors' gen_response_table.py): the English control answer is "
+                    "'None' (wrong for KB CS, one more country in # Country + en), an answer "
+                    "in a claimant language is the territory's first claimant. `drop`: left "
+                    "out of the CS metrics. Either way counted (`unparsed`) in the table's n.")
     bootstrap: int = Field(
         1000, ge=0, strict=True,
         description="Resamples of territories for the 95% percentile intervals of the CS "

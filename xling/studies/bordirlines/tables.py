@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
+from xling.studies.bordirlines.metrics import OUTCOMES
 from xling.studies.bordirlines.options import MODES, PROMPTS, STUDY, split_setting
 from xling.studies.bordirlines.published import TABLE_METRICS, load_published, paper_label
 from xling.tasks.tables import beside, pipe_table
@@ -45,8 +46,10 @@ def _collect(rows: list[Mapping]):
     return values, models, [p for p in PROMPTS if p in prompts], modes_of
 
 
-def _cs_tables(values, models, prompts, modes_of, published, retriever) -> list[str]:
-    """One Table 4 per prompt: rows RANDOM (direct only), then model x mode."""
+def _cs_tables(values, models, prompts, modes_of, published, retriever, counts
+               ) -> list[str]:
+    """One Table 4 per prompt: rows RANDOM (direct only), then model x mode; a last column
+    n: the answers of the row, with the unparsed, failed and invalid ones among them."""
 
     def paper(model: str, mode: str, prompt: str) -> dict | None:
         if published is None:
@@ -60,7 +63,7 @@ def _cs_tables(values, models, prompts, modes_of, published, retriever) -> list[
             return None  # no_ir has no retrieval: comparable whatever the retriever
         return published["table4"].get((label, mode))
 
-    head = ["model", "IR mode"] + [h for _, h in TABLE_METRICS]
+    head = ["model", "IR mode"] + [h for _, h in TABLE_METRICS] + ["n"]
     tables = []
     for prompt in prompts:
         if prompt == "direct":
@@ -83,7 +86,7 @@ def _cs_tables(values, models, prompts, modes_of, published, retriever) -> list[
             cells.append([model, mode] + [
                 _beside(metric, values.get((key, setting, metric)),
                         (published_row or {}).get(metric))
-                for metric, _ in TABLE_METRICS])
+                for metric, _ in TABLE_METRICS] + [_n_cell(counts.get((key, setting)))])
         tables.append(pipe_table(head, cells, title=title, heading="###", empty=None))
     return tables
 
@@ -125,20 +128,42 @@ def _citation_table(rows, published, retriever) -> str | None:
               "(%, averaged over each query language's queries; Fig. 4)")
 
 
-def _left_out_table(rows) -> str | None:
-    counts: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+def _outcomes(rows) -> dict[tuple[str, str], dict[str, int]]:
+    """{(model, setting): {"n": answers, "unparsed"/"failed"/"invalid": count}} of the
+    "all" rows."""
+    counts: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
     for row in rows:
-        if row.get("lang") == "all" and row["metric"] in ("errors", "unmapped"):
+        if row.get("lang") == "all" and row["metric"] in OUTCOMES[1:]:
             key = (row["model"], row["setting"])
-            counts[key][row["metric"]] = row["value"]
-            counts[key]["n"] = row["n"]
+            counts[key][row["metric"]] = int(row["value"] or 0)
+            counts[key]["n"] = int(row["n"])
+    return counts
+
+
+def _n_cell(c: Mapping | None) -> str:
+    """Table 4's n: the answers, with the unparsed, failed and invalid ones named."""
+    if not c:
+        return ""
+    parts = [f"{c[k]} {k}" for k in OUTCOMES[1:] if c.get(k)]
+    return f"{c['n']}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _outcomes_table(rows, unparsed: str) -> str | None:
+    counts = _outcomes(rows)
     if not counts:
         return None
+    how = ("counted as the authors' code counts them (English: 'None'; a claimant language: "
+           "the first claimant)" if unparsed == "authors" else "left out (unparsed: drop)")
     return pipe_table(
-        ["model", "setting", "generations", "errors", "unmapped"],
-        [[model, setting, int(c.get("n", 0)), int(c.get("errors") or 0),
-          int(c.get("unmapped") or 0)] for (model, setting), c in counts.items()],
-        title="Answers left out of the CS metrics", heading="###")
+        ["model", "setting", "answers", "scored", "unparsed", "failed", "invalid"],
+        [[model, setting, c.get("n", 0),
+          c.get("n", 0) - sum(c.get(k, 0) for k in OUTCOMES[1:]),
+          c.get("unparsed", 0), c.get("failed", 0), c.get("invalid", 0)]
+         for (model, setting), c in counts.items()],
+        title="Answers behind the CS metrics", heading="###",
+        notes=[f"Unparsed answers (no option naming a claimant): {how}. Failed answers (no "
+               "output) and invalid ones (a query or territory not in the data) are left "
+               "out of the CS metrics."])
 
 
 def render_tables(metrics: Iterable[Mapping], opts: Mapping | None = None) -> str:
@@ -153,8 +178,8 @@ def render_tables(metrics: Iterable[Mapping], opts: Mapping | None = None) -> st
     cell whose model, mode, prompt and retriever the paper ran shows ``xling (paper; xling -
     paper)``; the other cells show xling's number only. Then, for citation settings, the
     citation and inclusion rates of the query language's own documents per query language
-    (Fig. 4; beside the paper's where it quotes them), and the answers left out of the CS
-    metrics."""
+    (Fig. 4; beside the paper's where it quotes them), and the answers behind the CS
+    metrics (scored, unparsed, failed, invalid; Table 4's n column has the same counts)."""
     rows = [m for m in metrics if m.get("study", STUDY) == STUDY]
     values, models, prompts, modes_of = _collect(rows)
     if not models:
@@ -162,7 +187,7 @@ def render_tables(metrics: Iterable[Mapping], opts: Mapping | None = None) -> st
     opts = opts or {}
     published = load_published(opts["expected"]) if opts.get("expected") else None
     retriever = opts.get("retriever")
-    parts = _cs_tables(values, models, prompts, modes_of, published, retriever)
+    parts = _cs_tables(values, models, prompts, modes_of, published, retriever, _outcomes(rows))
     if published is not None:
         parts[-1] += (
             f"\n\nPublished numbers: {published['source']}, Table 4 (the direct prompt, "
@@ -171,6 +196,6 @@ def render_tables(metrics: Iterable[Mapping], opts: Mapping | None = None) -> st
             "and the retriever match (no_ir for any retriever); the others show "
             "xling's number only. The paper's modes qlang+en, en_only and swap_docs "
             "are qlang_en, en and swap here.")
-    parts += [t for t in (_citation_table(rows, published, retriever), _left_out_table(rows))
-              if t]
+    parts += [t for t in (_citation_table(rows, published, retriever),
+                          _outcomes_table(rows, opts.get("unparsed", "authors"))) if t]
     return "\n\n".join(parts) + "\n"

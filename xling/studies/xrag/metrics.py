@@ -20,6 +20,11 @@ Key = tuple[str, str, str, str]  # (setting, lang, model, item_id)
 # Extra generation columns the evaluate stage reads for scoring: the engine's record of a
 # prompt cut to fit max_model_len (counted per cell, flagged in the tables).
 SCORE_COLUMNS = ("truncated_from",)
+# The counts behind each accuracy (metric rows per cell, the items' `outcome`, the table's
+# n): a generation that failed (no output: the call failed, or its prompt could not be
+# built, e.g. an article whose translation the language check flagged), one answered but
+# left without a valid judgment, one whose output has no <answer>.
+COUNTS = ("failed", "unjudged", "unparsed")
 # Figure 19's abstain, <answer>None</answer>, with the decoration models add around it
 _ABSTAIN = re.compile(r"[\[\s\"'*]*none[\]\s\"'.*]*", re.I)
 
@@ -80,8 +85,12 @@ def score_generations(opts: dict, generations: list[dict], judgments: list[dict]
     A generation's verdict: the judges' majority (valid judges only; a tie is not correct)
     AND its answer's language (``detected[(setting, lang, model, item_id)]``) is the
     expected one; without ``detected`` there is no language check. A generation that failed
-    (an error and no output at all) has no verdict; one whose output (even blank) has no
-    parsed answer and no valid judge is incorrect (it did not answer in the asked format).
+    (an error and no output at all) has no verdict (outcome ``failed``), nor has an answer
+    no judge gave a valid verdict for (``unjudged``); one whose output (even blank) has no
+    parsed answer is incorrect (``unparsed``: it did not answer in the asked format).
+    Accuracy is over every item of a cell, failed and unjudged ones counting as wrong (the
+    paper's accuracy is over all items), or, with ``opts["accuracy_over"] == "judged"``,
+    over the items with a verdict; the counts are metric rows either way.
     ``judgments=None`` (no judge panel): no verdicts, only the answer and language rates.
     """
     panel = judgments is not None
@@ -107,13 +116,16 @@ def _score_generation(generation: dict, votes: dict[str, str | None] | None, n_j
            "model": model, "verdict": None, "judge_correct": None, "n_valid_judges": 0,
            "n_judges": n_judges, "answered": None, "lang_ok": None,
            "detected_lang": None, "expected_lang": None, "abstained": None,
-           "truncated": generation.get("truncated_from") is not None, "error": None}
+           "truncated": generation.get("truncated_from") is not None, "outcome": None,
+           "error": None}
     if setting not in SETTING_SPECS:
         row["error"] = f"unknown setting {setting!r}"
+        row["outcome"] = "invalid"
         return row
     row["expected_lang"] = expected_language(setting, lang)
     if generation.get("error") and generation.get("output") is None:  # the call failed
         row["error"] = f"generation failed: {generation['error']}"
+        row["outcome"] = "failed"
         return row
     parsed = generation.get("parsed")
     row["answered"] = isinstance(parsed, dict) and bool(str(parsed.get("answer") or "").strip())
@@ -123,15 +135,21 @@ def _score_generation(generation: dict, votes: dict[str, str | None] | None, n_j
         row["detected_lang"] = detected.get(key)
         row["lang_ok"] = language_ok(row["detected_lang"], row["expected_lang"])
     if votes is None:
+        row["outcome"] = "answered" if row["answered"] else "unparsed"
         return row
     correct, n_valid = majority_vote(list(votes.values()))
     row["n_valid_judges"] = n_valid
+    row["outcome"] = "judged"
     if correct is None:
         if row["answered"]:
             row["error"] = "no valid judgment"
+            row["outcome"] = "unjudged"
             return row
         correct = False
         row["error"] = f"no answer in the output: {generation.get('error') or 'nothing parsed'}"
+        row["outcome"] = "unparsed"
+    elif not row["answered"]:
+        row["outcome"] = "unparsed"
     row["judge_correct"] = correct
     row["verdict"] = bool(correct and row["lang_ok"] is not False)
     return row
@@ -148,20 +166,24 @@ def _rate(setting, lang, model, name, hits, n) -> dict:
 
 
 def _cell_metrics(setting: str, lang: str, model: str, rows: list[dict], panel: bool,
-                  with_language: bool) -> list[dict]:
-    """The metric rows of one (setting, lang, model) cell."""
+                  with_language: bool, over: str = "all") -> list[dict]:
+    """The metric rows of one (setting, lang, model) cell; ``over`` is the accuracy's
+    denominator: ``all`` items (failed and unjudged ones wrong) or the ``judged`` ones."""
     cell = (setting, lang, model)
     ran = [r for r in rows if r["answered"] is not None]
     out = [_rate(*cell, "answer_rate", sum(r["answered"] for r in ran), len(ran))]
     if panel:
         scored = [r for r in rows if r["verdict"] is not None]
         n = len(scored)
+        base = rows if over == "all" else scored
         out += [
-            _rate(*cell, "accuracy", sum(r["verdict"] for r in scored), n),
-            _rate(*cell, "judge_accuracy", sum(r["judge_correct"] for r in scored), n),
+            _rate(*cell, "accuracy", sum(r["verdict"] is True for r in base), len(base)),
+            _rate(*cell, "judge_accuracy", sum(r["judge_correct"] is True for r in base),
+                  len(base)),
             _metric_row(*cell, "n_valid_judges",
-                        sum(r["n_valid_judges"] for r in scored) / n if n else None, n),
-            _metric_row(*cell, "unscored", float(len(rows) - n), len(rows))]
+                        sum(r["n_valid_judges"] for r in scored) / n if n else None, n)]
+        out += [_metric_row(*cell, name, float(sum(r["outcome"] == name for r in rows)),
+                            len(rows)) for name in COUNTS]
     if with_language:
         checked = [r for r in rows if r["lang_ok"] is not None]
         out.append(_rate(*cell, "wrong_language_rate",
@@ -191,10 +213,11 @@ def _metrics(opts: dict, items: list[dict], panel: bool, with_language: bool) ->
     # (setting, model, metric) -> lang -> row
     by_lang: dict[tuple[str, str, str], dict[str, dict]] = defaultdict(dict)
     for (setting, lang, model), rows in sorted(cells.items()):
-        cell_rows = _cell_metrics(setting, lang, model, rows, panel, with_language)
+        cell_rows = _cell_metrics(setting, lang, model, rows, panel, with_language,
+                                  opts.get("accuracy_over", "all"))
         out += cell_rows
         for r in cell_rows:
-            if r["metric"] not in ("unscored", "truncated"):
+            if r["metric"] not in (*COUNTS, "truncated"):
                 by_lang[(setting, model, r["metric"])][lang] = r
     for (setting, model, metric), rows_of_lang in sorted(by_lang.items()):
         values = [rows_of_lang.get(lang) for lang in opts["langs"]]

@@ -57,6 +57,14 @@ class Options(StudyOptions):
         None, strict=True, ge=1,
         description="Cut each article to its first N words (a CJK character counts as one "
                     "word); null (the default) gives whole articles, as the paper did.")
+    accuracy_over: Literal["all", "judged"] = Field(
+        "all",
+        description="The items an accuracy is over: `all` (the default, as the paper's "
+                    "accuracy over every instance) counts a failed generation (no output, "
+                    "e.g. a prompt whose translated article the language check flagged) and "
+                    "an answer no judge gave a valid verdict for as wrong; `judged` leaves "
+                    "them out. Either way the failed, unjudged and unparsed counts are "
+                    "metric rows and the tables' n.")
     translations: str = Field(
         "xrag-articles",
         description="The translate stage's translate.documents entry (format: xrag) whose "

@@ -10,6 +10,7 @@ from pathlib import Path
 from xling.tasks.tables import delta, fmt, pipe_table, read_expected
 
 from .data import open_path
+from .metrics import COUNTS
 from .settings import LANGS, SETTING_SPECS, SETTINGS, STUDY, TABLE6_ROWS
 
 CHECKOUT_EXPECTED = Path(os.path.abspath(__file__)).parents[3] / "configs" / "xrag.expected.yaml"
@@ -61,16 +62,19 @@ class _Results:
 
     def __init__(self, metrics: Iterable[dict], options: dict | None):
         self.values: dict[tuple[str, str, str, str], float | None] = {}
+        self.ns: dict[tuple[str, str, str, str], int | None] = {}
         models: list[str] = []
         for r in metrics:
             if r.get("study", STUDY) != STUDY:
                 continue
             self.values[(r["setting"], r["lang"], r["model"], r["metric"])] = r["value"]
+            self.ns[(r["setting"], r["lang"], r["model"], r["metric"])] = r.get("n")
             if r["model"] != "all" and r["model"] not in models:
                 models.append(r["model"])
         self.models = sorted(models)
         self.expected = load_expected(expected_path(options))
         self.run_langs = set((options or {}).get("langs") or LANGS)
+        self.accuracy_over = (options or {}).get("accuracy_over", "all")
         self.full = self.run_langs == set(LANGS)  # our Avg is over the paper's languages
         self.avg_note = [] if self.full else [
             f"Avg is over the run's languages ({', '.join(sorted(self.run_langs))}); the "
@@ -185,7 +189,8 @@ def _table6(res: _Results) -> list[str]:
                           header, [])]
 
 
-def _by_setting(res: _Results, title: str, settings, metric: str, show) -> list[str]:
+def _by_setting(res: _Results, title: str, settings, metric: str, show,
+                notes=()) -> list[str]:
     """One row per (setting, model) that has `metric`: the languages and Avg; none when no
     row has it."""
     rows = [[model, f"{s}: {SETTING_SPECS[s].label}"]
@@ -194,7 +199,37 @@ def _by_setting(res: _Results, title: str, settings, metric: str, show) -> list[
     if not rows:
         return []
     return [_table(title, ["Model", "Setting"] + [lang.capitalize() for lang in LANGS]
-                   + ["Avg"], rows)]
+                   + ["Avg"], rows, notes)]
+
+
+def _n(res: _Results, setting: str, lang: str, model: str) -> str:
+    """An accuracy's n, with the failed, unjudged and unparsed items among it named."""
+    n = res.ns.get((setting, lang, model, "accuracy"))
+    if n is None:
+        return "–"
+    langs = res.run_langs if lang == "avg" else [lang]
+    parts = []
+    for name in COUNTS:
+        count = sum(int(res.get(setting, x, model, name) or 0) for x in langs)
+        if count:
+            parts.append(f"{count} {name}")
+    return f"{n}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _denominators(res: _Results) -> list[str]:
+    """Every accuracy's n: the items it is over and the failed, unjudged and unparsed ones
+    among them (how they count: the accuracy_over option)."""
+    over = res.accuracy_over
+    how = ("failed and unjudged items count as wrong, as the paper's accuracy is over every "
+           "item (accuracy_over: all)" if over == "all" else
+           "failed and unjudged items are left out of n (accuracy_over: judged)")
+    return _by_setting(res, "Items behind each accuracy: n (failed, unjudged, unparsed)",
+                       SETTINGS, "accuracy", lambda s, lang, model: _n(res, s, lang, model),
+                       notes=[f"n: the items of the cell; {how}. Unparsed answers (no "
+                              "<answer>) are wrong. Failed: no output (the call failed, or "
+                              "the prompt could not be built, e.g. an article whose "
+                              "translation the language check flagged); unjudged: no valid "
+                              "verdict from the judge panel."])
 
 
 def _rates(res: _Results) -> list[str]:
@@ -216,8 +251,9 @@ def tables(metrics: Iterable[dict], options: dict | None = None) -> str:
     Retrieval, English questions), Table 4 (models x En, De, Es, Zh, Ar, Avg), Table 5
     (models x En+En_X and En+X per language, Avg (crossling.)), Table 6 (one table per
     model: rows XRAG-MultiR, +EQ, +EQ, +ES, MonoRAG; columns En+De..En+Ar, Avg); then the
-    settings not in the paper, the response-language errors, answer and abstain rates, and
-    the judge-human kappa when present. A model the paper ran (the ``expected`` option's
+    settings not in the paper, every accuracy's n with the failed, unjudged and unparsed
+    items among it, the response-language errors, answer and abstain rates, and the
+    judge-human kappa when present. A model the paper ran (the ``expected`` option's
     file, matched by alias) gets the paper's row and the difference (ours - paper) under
     its own; cells with truncated prompts carry a dagger."""
     res = _Results(metrics, options)
@@ -226,6 +262,7 @@ def tables(metrics: Iterable[dict], options: dict | None = None) -> str:
     extensions = [s for s in SETTINGS if SETTING_SPECS[s].paper is None]
     out += _by_setting(res, "Not in the paper (ext_* settings), accuracy (%)", extensions,
                        "accuracy", res.cell)
+    out += _denominators(res)
     out += _rates(res)
     kappa = [(k[2], v) for k, v in res.values.items() if k[3] == "kappa"]
     if kappa:
