@@ -11,7 +11,7 @@ sees them all, and the study turns them into the scorer's inputs (`feature_input
            (actors/cross_encoder.py), language id (actors/langid.py), an LLM through the
            generate machinery (cached like every generation), or the lexical metrics
     write  scored rows, committed shard by shard; the evaluate stage reduces them to one
-           value per (query, model, feature) with the study's formulas
+           value per (lang, query, model, feature) with the study's formulas
 
 Scores are stored raw (probabilities, logits, the judge's text), never reduced here, so a
 formula option of the study (rounding, parse rules) changes no stored row.

@@ -19,6 +19,9 @@ from xling.studies.mirage.parse import (BRACKET, answer_parts, bracket_ids, cite
 from xling.studies.mirage.prompts import answer_overlap_prompt, fluency_prompt
 from xling.tasks import irmetrics
 
+# the pointwise LLM judge's two prompt kinds -> the features they score (s3.7, s3.8)
+LLM_KINDS = {"score": "answer_overlap_score", "rating": "fluency_score"}
+
 # --------------------------------------------------------------------------------------
 # Citations (s3.3)
 # --------------------------------------------------------------------------------------
@@ -278,20 +281,28 @@ def lexical_scores(opts: Mapping, rows: Sequence[Mapping]) -> list[dict]:
 
 
 def reduce_features(opts: Mapping, scored: Sequence[Mapping]):
-    """The features stage's scored rows (``scorer, item_id, model, scores {name: value},
-    output, kind``) -> a DataFrame of long feature rows ``query_id, model, feature, value``
-    (s3 formulas)."""
+    """The features stage's scored rows (``scorer, lang, item_id, model, scores {name:
+    value}, output, kind``) -> a DataFrame of long feature rows ``lang, query_id, model,
+    feature, value`` (s3 formulas). Rows are keyed by (lang, query id): MIRACL dev query
+    ids repeat across languages (ar and en share 157), so a query id alone would merge one
+    language's answers into another's. A pointwise LLM score the judge's text does not
+    give, or the engine failed to get, is a row with value None (``llm_parse_failure:
+    fixed``) or 0 (``reference``): `surrogate.FeatureTable` counts it."""
     import pandas as pd
 
     knobs = Knobs.of(opts)
-    grouped: dict[tuple[str, str, str], list[Mapping]] = {}
+    grouped: dict[tuple[str, str, str, str], list[Mapping]] = {}
     for row in scored:
-        if row.get("error"):
-            continue
-        grouped.setdefault((row["scorer"], row["item_id"], row["model"]), []).append(row)
+        llm_failed = row["scorer"] == "llm" and row.get("kind") in LLM_KINDS
+        if row.get("error") and not llm_failed:
+            continue  # nothing was asked of the scorer (no answer, no citation): missing
+        if not row.get("lang"):
+            raise ValueError(f"scored row {row.get('item_id')!r}/{row.get('model')!r} has no "
+                             "lang: features are keyed by (lang, query id)")
+        grouped.setdefault((row["scorer"], row["lang"], str(row["item_id"]), row["model"]),
+                           []).append(row)
     out = []
-    for (scorer, query_id, model), rows in grouped.items():
-        lang = rows[0].get("lang")
+    for (scorer, lang, query_id, model), rows in grouped.items():
         if scorer == "lexical":
             values = dict(rows[0]["scores"])
         elif scorer == "langid":
@@ -301,10 +312,12 @@ def reduce_features(opts: Mapping, scored: Sequence[Mapping]):
                                         r["scores"]["contradiction"]) for r in rows], knobs)
         elif scorer == "reranker":
             values = {"reranker_score": reranker_feature([r["scores"]["score"] for r in rows])}
-        else:  # llm
-            names = {"score": "answer_overlap_score", "rating": "fluency_score"}
-            values = {names[r["kind"]]: parse_llm_score(r.get("output") or "", r["kind"], knobs)
+        else:  # llm: an engine error is a failure like an unparsed answer
+            failure = None if not knobs.ref("llm_parse_failure") else 0
+            values = {LLM_KINDS[r["kind"]]: (failure if r.get("error") else
+                                             parse_llm_score(r.get("output") or "", r["kind"],
+                                                             knobs))
                       for r in rows}
-        out += [{"query_id": query_id, "model": model, "feature": name, "value": value}
-                for name, value in values.items() if name in knobs.features]
-    return pd.DataFrame(out, columns=["query_id", "model", "feature", "value"])
+        out += [{"lang": lang, "query_id": query_id, "model": model, "feature": name,
+                 "value": value} for name, value in values.items() if name in knobs.features]
+    return pd.DataFrame(out, columns=["lang", "query_id", "model", "feature", "value"])

@@ -115,7 +115,9 @@ class Options(StudyOptions):
     limit: int | None = Field(None, description="read only the first N queries per language "
                                                 "(tiny runs)")
     models: list[str] | None = Field(None, description="the arena roster (default: every "
-                                                       "model that answered)")
+                                                       "model the judge compared; a model "
+                                                       "that was never judged is counted, "
+                                                       "not ranked)")
     both_orders: bool = Field(False, description="ask the judge both presentation orders of "
                                                  "a pair; an order-inconsistent pair counts "
                                                  "as a tie")
@@ -138,8 +140,12 @@ class Options(StudyOptions):
     matches: int = Field(100, description="queries drawn per tournament")
     bootstrap_seed: int = Field(0, description="seed of the bootstrap draws")
     bt_alpha: float = Field(0.0, description="choix's L2 penalty of the Bradley-Terry fit")
-    held_out: list[str] = Field(list(HELD_OUT), description="models the surrogate does not "
-                                                            "train on (P L130; Table 5)")
+    held_out: list[str] = Field(
+        list(HELD_OUT), description="models the surrogate does not train on (P L130; Table "
+                                    "5), each a model of the arena (refused otherwise); a "
+                                    "list, or {run: [...], published: [...]} to name them "
+                                    "for each source (run: generate.models names; published: "
+                                    "the hub's model ids)")
     features: list[str] = Field(list(FEATURES), description="the surrogate's features (s3)")
     surrogate: Literal[REGRESSORS] = Field(  # type: ignore[valid-type]
         "random_forest", description="the surrogate's regressor (Table 3's rows)")
@@ -167,7 +173,9 @@ class Options(StudyOptions):
     seeds: Compat = _compat_field(
         "reference: the random forest unseeded; fixed: random_state")
     kendall_tau: Compat = _compat_field(
-        "reference: tau of the two argsort orders; fixed: tau-b on aligned scores")
+        "the reported tau is always tau-b on the models' aligned scores; reference: also "
+        "the reference code's tau of the two argsort index orders, kendall_tau_argsort "
+        "(not a rank correlation)")
 
     @model_validator(mode="before")
     @classmethod
@@ -222,6 +230,30 @@ class Options(StudyOptions):
             raise ValueError("an arena needs at least two models; list two or more, or leave "
                              "models out to take every model that answered")
         return value
+
+    @field_validator("held_out", mode="before")
+    @classmethod
+    def _held_out(cls, value: Any, info: ValidationInfo) -> Any:
+        """A {run, published} mapping -> the list of the options' source."""
+        if isinstance(value, Mapping):
+            unknown = sorted(set(value) - {"run", "published"})
+            if unknown:
+                raise ValueError(f"unknown source {unknown}; give held_out as a list, or as "
+                                 "{run: [...], published: [...]}")
+            source = info.data.get("source", "run")
+            if source not in value:
+                raise ValueError(f"no held-out models for source: {source}; add "
+                                 f"held_out.{source}: [...]")
+            return value[source]
+        return value
+
+    @model_validator(mode="after")
+    def _held_out_in_models(self) -> "Options":
+        outside = [m for m in self.held_out if self.models and m not in self.models]
+        if outside:
+            raise ValueError(f"held_out {outside} are not in models {self.models}; hold out "
+                             "models of the arena")
+        return self
 
     @field_validator("features")
     @classmethod

@@ -99,9 +99,12 @@ def split_pair_id(item_id: str) -> tuple[str, str, str]:
 
 def preferences(judgments: pd.DataFrame, models: Sequence[str]
                 ) -> tuple[dict[str, list[tuple[int, int]]], dict[str, int]]:
-    """``{query_id: [(winner, loser)]}`` (model indices) from the non-tie verdicts, and the
-    counts of every verdict kind: ties and unparsed are counted, never dropped silently.
-    Every judged query is a key, even when none of its verdicts is a win."""
+    """``{query_id: [(winner, loser)]}`` (model indices) from the A/B verdicts, and the
+    counts of every verdict kind. Ties, unparsed verdicts and pairs with a model outside
+    ``models`` do not enter the Bradley-Terry fit (the reference code leaves ties out too;
+    the paper says nothing); each is counted (``tie``, ``unparsed``, ``unknown_model``) and
+    the tables show the counts. Every judged query is a key, even when none of its
+    verdicts is a win. ``query_id`` is one language's (ids repeat across languages)."""
     index = {m: i for i, m in enumerate(models)}
     prefs: dict[str, list[tuple[int, int]]] = {}
     counts = Counter({"A": 0, "B": 0, "tie": 0, "unparsed": 0, "unknown_model": 0})

@@ -1,6 +1,7 @@
 """MIRAGE-Bench's surrogate judge (s6): per-model feature means, the regressor that learns
 the Bradley-Terry leaderboard from them (Algorithm 1), R² on the held-out models (Table 5),
-Kendall tau against the judge (Table 2), and the ablations of Tables 3 and 4."""
+Kendall tau against the judge (Table 2) in sample and out of fold, and the ablations of
+Tables 3 and 4."""
 
 from __future__ import annotations
 
@@ -11,34 +12,61 @@ import numpy as np
 import pandas as pd
 
 from xling.studies.mirage.bradley_terry import Bootstrap, tournaments
-from xling.studies.mirage.constants import FEATURE_SETS, REGRESSORS
+from xling.studies.mirage.constants import FEATURE_SETS, LLM_FEATURES, REGRESSORS
 from xling.studies.mirage.options import Knobs
 from xling.studies.mirage.pairs import preferences
 
 
 class FeatureTable:
-    """Per (query, model) feature values, null read as 0.0 (the reference's ``or 0.0``)."""
+    """One language's per (query, model) feature values. An absent or null value reads as
+    0.0 (the reference's ``or 0.0``: no citation, no support score). A pointwise LLM
+    feature (answer overlap, fluency) whose score is null, NaN or 0 is a *failure* (the
+    judge's text gave no 1-5 score, or the engine failed; the reference stored 0): always
+    counted (`failures`); ``drop_failures`` (``llm_parse_failure: fixed``) keeps it out of
+    the means, otherwise (``reference``) it is averaged as 0."""
 
-    def __init__(self, rows: pd.DataFrame, models: Sequence[str], features: Sequence[str]):
+    def __init__(self, rows: pd.DataFrame, models: Sequence[str], features: Sequence[str],
+                 drop_failures: bool = False):
+        if "lang" in rows and rows["lang"].nunique() > 1:
+            raise ValueError(f"feature rows of {sorted(rows['lang'].unique())} in one table: "
+                             "query ids repeat across languages, build one table per "
+                             "language")
         self.models, self.features = tuple(models), tuple(features)
         self.qids = sorted(set(rows["query_id"]))
         self._query_index = {q: i for i, q in enumerate(self.qids)}
         model_index = {m: i for i, m in enumerate(models)}
         feature_index = {f: i for i, f in enumerate(features)}
         # one row more than the queries: a query without features reads that zero row
-        self.values = np.zeros((len(self.qids) + 1, len(models), len(features)))
+        shape = (len(self.qids) + 1, len(models), len(features))
+        self.values, self.failed = np.zeros(shape), np.zeros(shape, dtype=bool)
         for query_id, model, feature, value in rows[
                 ["query_id", "model", "feature", "value"]].itertuples(index=False):
-            if (model in model_index and feature in feature_index and value is not None
-                    and not pd.isna(value)):
-                self.values[self._query_index[query_id], model_index[model],
-                            feature_index[feature]] = float(value)
+            if model not in model_index or feature not in feature_index:
+                continue
+            at = (self._query_index[query_id], model_index[model], feature_index[feature])
+            missing = value is None or pd.isna(value)
+            if feature in LLM_FEATURES and (missing or float(value) == 0.0):
+                self.failed[at] = True
+            elif not missing:
+                self.values[at] = float(value)
+        self.drop_failures = drop_failures
 
     def means(self, query_ids: Sequence[str]) -> np.ndarray:
         """``X[m, f] = (1/|Q|) sum_{q in Q} value(q, m, f)`` over the list *with* its
-        duplicates; a query without features counts 0 (s6.1)."""
+        duplicates; a query without features counts 0 (s6.1). With ``drop_failures`` a
+        failed LLM score is in neither the sum nor ``|Q|`` (0.0 when every one failed)."""
         rows = [self._query_index.get(q, len(self.qids)) for q in query_ids]
-        return self.values[rows].mean(axis=0)
+        if not self.drop_failures:
+            return self.values[rows].mean(axis=0)
+        kept = ~self.failed[rows]
+        counts = kept.sum(axis=0)
+        return np.where(counts > 0, (self.values[rows] * kept).sum(axis=0)
+                        / np.maximum(counts, 1), 0.0)
+
+    def failures(self, query_ids: Sequence[str]) -> np.ndarray:
+        """``F[m, f]``: the failed LLM scores among ``query_ids`` (each id once)."""
+        rows = [self._query_index[q] for q in dict.fromkeys(query_ids) if q in self._query_index]
+        return self.failed[rows].sum(axis=0)
 
 
 def make_regressor(kind: str, random_state: int | None):
@@ -71,16 +99,20 @@ def r2(truth: Sequence[float], pred: Sequence[float]) -> float:
     return float(1 - ss_res / ss_tot)
 
 
-def kendall_tau(scores_a: Sequence[float], scores_b: Sequence[float],
-                knobs: Knobs = Knobs()) -> float:
-    """tau-b of two score vectors aligned by model. Reference: tau of the two
-    ``reversed(argsort)`` orders (s6.3), which depends on how models are numbered."""
+def kendall_tau(scores_a: Sequence[float], scores_b: Sequence[float]) -> float:
+    """Kendall's tau-b of two score vectors aligned by model (scipy's ``kendalltau``): the
+    rank correlation Table 2 reports."""
     from scipy.stats import kendalltau
-    scores_a, scores_b = np.asarray(scores_a, float), np.asarray(scores_b, float)
-    if knobs.ref("kendall_tau"):
-        scores_a = np.argsort(scores_a)[::-1].astype(float)
-        scores_b = np.argsort(scores_b)[::-1].astype(float)
-    return float(kendalltau(scores_a, scores_b).statistic)
+    return float(kendalltau(np.asarray(scores_a, float), np.asarray(scores_b, float)).statistic)
+
+
+def argsort_tau(scores_a: Sequence[float], scores_b: Sequence[float]) -> float:
+    """The reference code's value (s6.3, ``kendall_tau: reference``): tau between the two
+    ``reversed(argsort)`` *index orders*. Not a rank correlation of the scores (it depends
+    on how the models are numbered; issue 27 measured 0.65 where tau-b was 0.95); reported
+    only as the compat metric ``kendall_tau_argsort``."""
+    return kendall_tau(np.argsort(np.asarray(scores_a, float))[::-1].astype(float),
+                       np.argsort(np.asarray(scores_b, float))[::-1].astype(float))
 
 
 def _split(models: Sequence[str], held_out: Iterable[str]) -> tuple[list[int], list[int]]:
@@ -103,20 +135,48 @@ def surrogate_tournaments(boot: Bootstrap, table: FeatureTable, knobs: Knobs = K
     return {"held_out_r2": np.array(r2_held), "train_r2": np.array(r2_train)}
 
 
+def out_of_fold(x: np.ndarray, y: np.ndarray, train: Sequence[int], test: Sequence[int],
+                knobs: Knobs = Knobs()) -> np.ndarray:
+    """Every model's surrogate score from a regressor that did not train on it:
+    leave-one-model-out over the train models (fit on the others), and the held-out models
+    from the fit on all train models (they are out of sample already)."""
+    pred = np.empty(len(y))
+    if test:
+        reg = make_regressor(knobs.surrogate, knobs.rf_state).fit(x[train], y[train])
+        pred[test] = reg.predict(x[test])
+    for i in train:
+        rest = [j for j in train if j != i]
+        reg = make_regressor(knobs.surrogate, knobs.rf_state).fit(x[rest], y[rest])
+        pred[i] = reg.predict(x[[i]])[0]
+    return pred
+
+
 def surrogate_final(boot: Bootstrap, table: FeatureTable, query_ids: Sequence[str],
-                    knobs: Knobs = Knobs()) -> dict:
+                    knobs: Knobs = Knobs(), oof: bool = True) -> dict:
     """s6.2: X = feature means over all ``query_ids`` of the language, Y = mean theta; fit on
-    the train models, predict all; tau between the judge's and the surrogate's scores."""
+    the train models, predict all. ``kendall_tau`` (Table 2's definition) compares the
+    judge's scores with these predictions, most of them of models the regressor trained
+    on; ``kendall_tau_oof`` compares them with out-of-fold predictions (`out_of_fold`:
+    leave-one-model-out), the tau a model the surrogate never saw can expect."""
     train, test = _split(boot.models, knobs.held_out)
+    if len(train) < 2:
+        raise ValueError(f"held_out {list(knobs.held_out)} leaves {len(train)} of the roster "
+                         f"{list(boot.models)} to train the surrogate on; hold out fewer")
     x, y = table.means(query_ids), boot.theta.mean(axis=0)
     reg = make_regressor(knobs.surrogate, knobs.rf_state).fit(x[train], y[train])
     pred = reg.predict(x)
     importances = getattr(reg, "feature_importances_", None)
-    return {"models": boot.models, "judge": y, "surrogate": pred,
-            "kendall_tau": kendall_tau(y, pred, knobs), "train_r2": r2(y[train], pred[train]),
-            "held_out_r2": r2(y[test], pred[test]) if test else float("nan"),
-            "importances": (dict(zip(table.features, importances))
-                            if importances is not None else {})}
+    oof_pred = out_of_fold(x, y, train, test, knobs) if oof else None
+    out = {"models": boot.models, "judge": y, "surrogate": pred, "surrogate_oof": oof_pred,
+           "kendall_tau": kendall_tau(y, pred),
+           "kendall_tau_oof": kendall_tau(y, oof_pred) if oof else float("nan"),
+           "train_r2": r2(y[train], pred[train]),
+           "held_out_r2": r2(y[test], pred[test]) if test else float("nan"),
+           "importances": (dict(zip(table.features, importances))
+                           if importances is not None else {})}
+    if knobs.ref("kendall_tau"):
+        out["kendall_tau_argsort"] = argsort_tau(y, pred)
+    return out
 
 
 def arena(judgments: pd.DataFrame, features: pd.DataFrame, models: Sequence[str],
@@ -124,7 +184,8 @@ def arena(judgments: pd.DataFrame, features: pd.DataFrame, models: Sequence[str]
     """One language: BT bootstrap, per-tournament surrogate R², final surrogate and tau."""
     prefs, counts = preferences(judgments, models)
     boot = tournaments(prefs, models, knobs)
-    table = FeatureTable(features, models, knobs.features)
+    table = FeatureTable(features, models, knobs.features,
+                         drop_failures=not knobs.ref("llm_parse_failure"))
     per_tournament = surrogate_tournaments(boot, table, knobs)
     final = surrogate_final(boot, table, query_ids if query_ids is not None else table.qids,
                             knobs)
@@ -158,6 +219,8 @@ def feature_set_taus(boot: Bootstrap, features: pd.DataFrame, query_ids: Sequenc
     """Table 4 (P L220-225): the final surrogate's tau with each of ``FEATURE_SETS``."""
     out = {}
     for name, subset in FEATURE_SETS.items():
-        out[name] = surrogate_final(boot, FeatureTable(features, boot.models, subset),
-                                    query_ids, replace(knobs, features=subset))["kendall_tau"]
+        table = FeatureTable(features, boot.models, subset,
+                             drop_failures=not knobs.ref("llm_parse_failure"))
+        out[name] = surrogate_final(boot, table, query_ids, replace(knobs, features=subset),
+                                    oof=False)["kendall_tau"]
     return out
