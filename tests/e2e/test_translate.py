@@ -1,5 +1,5 @@
 """The translate stage, end to end, through the real `xling` CLI: CTranslate2 (tiny NLLB),
-sentencex, lingua, local Ray, and the run root on the SeaweedFS S3 server.
+the text layer (sentencex), lingua, local Ray, and the run root on the SeaweedFS S3 server.
 
 - documents (DT): every input document gets exactly one row per target language, with its
   sentence count and order preserved (checked against bare CTranslate2, sentence by sentence);
@@ -37,8 +37,9 @@ def s3_root(s3_env):
 
 def test_documents_and_topics_on_s3(tmp_path, s3_root, s3_env, tiny_models):
     import ctranslate2
-    from sentencex import segment
     from tokenizers import Tokenizer
+
+    from xling.tasks.text import sentences as text_sentences
 
     # The corpus itself lives in S3, as on a cluster: read from S3, written to S3.
     corpus = RunStore(f"{s3_root}-corpus")
@@ -84,7 +85,8 @@ translate:
             assert row["error"] is None and row["text"]
             assert (row["kind"], row["src_lang"], row["tgt_lang"]) == ("doc", src, tgt)
             assert (row["model"], row["beam_size"]) == ("tiny:nllb_ct2", 1)
-            paras = segment_document(docs[row["id"]]["text"], lambda p: segment(src, p))
+            assert row["segmenter"].startswith("sentencex-")  # the text layer's fingerprint
+            paras = segment_document(docs[row["id"]]["text"], lambda p: text_sentences(p, src))
             sentences = [s for p in paras for s in p]
             assert row["n_segments"] == len(sentences) == len(row["segments"])
             # Paragraph breaks survive: one output line per input paragraph.

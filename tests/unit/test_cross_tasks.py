@@ -246,7 +246,7 @@ def test_full_shared_files():
 # ---------------------------------------------------------------------------- splitter
 
 def test_splitter_pins_on_fixtures():
-    sp = make_splitter()
+    sp = make_splitter("punkt_english")
     assert sp.fingerprint == FINGERPRINT and sp.sent_end_chars == (".", "?", "!")
     got = {}
     for name in FILES:
@@ -268,7 +268,7 @@ def test_splitter_pins_on_fixtures():
 
 
 def test_splitter_keeps_every_needle_in_one_sentence():
-    sp = make_splitter()
+    sp = make_splitter("punkt_english")
     for c in all_fixture_contexts():
         split = context_split(c, sp)
         assert split.n_merged == 0, c["context_id"]
@@ -290,7 +290,7 @@ def test_splitter_keeps_every_needle_in_one_sentence():
 
 @needs_shared
 def test_splitter_on_the_full_shared_files_and_sentence_counts():
-    sp, untrained = make_splitter(), make_splitter("punkt_untrained")
+    sp, untrained = make_splitter("punkt_english"), make_splitter("punkt_untrained")
     counts = {}
     english = []
     for name, rel in FILES.items():
@@ -318,7 +318,8 @@ def test_splitter_variants_and_fingerprints():
     ar = "هذه جملة أولى. هل هذه جملة ثانية؟ نعم هذه جملة ثالثة."
     en = "Mr. Smith went to Washington. He arrived at 5 p.m. on Monday. Did he stay? Yes."
     ru = "Это первое предложение. Второе предложение здесь! А третье?"
-    base, extra = make_splitter(), make_splitter(extra_terminators=["।", "؟"])
+    base = make_splitter("punkt_english")
+    extra = make_splitter("punkt_english", extra_terminators=["।", "؟"])
     assert len(base.spans(hi)) == 2  # the danda is not a terminator of English Punkt
     assert len(extra.spans(hi)) == 4 and len(extra.spans(ar)) == 3
     assert len(base.spans(ar)) == 2
@@ -329,11 +330,13 @@ def test_splitter_variants_and_fingerprints():
     trained = make_splitter("punkt_trained", train_text=[en, ru] * 5)
     fps = {base.fingerprint, extra.fingerprint, untrained.fingerprint, trained.fingerprint}
     assert len(fps) == 4 and all(":nltk-" in f for f in fps)
-    assert make_splitter() is base  # cached
+    assert make_splitter("punkt_english") is base  # cached
     with pytest.raises(ValueError):
         make_splitter("punkt_trained")
     with pytest.raises(ValueError):
         make_splitter("sentencex")
+    with pytest.raises(ValueError, match="extra_terminators"):
+        make_splitter("multilingual", extra_terminators=["।"])
 
 
 # ---------------------------------------------------------------------------- top-k
@@ -443,7 +446,8 @@ def test_select_is_exact_with_constructed_ties_anywhere_in_the_matrix():
 def test_narrow_inputs_count_each_distinct_sentence_once():
     """The haystacks of one language share their text across depths and needle counts: the
     narrow stage embeds the distinct sentences (the closing note's counts)."""
-    opts = _fixture_options(query_langs=["en", "sw"], allow_unverified=True)
+    opts = _fixture_options(query_langs=["en", "sw"], allow_unverified=True,
+                            splitter="punkt_english")
     en, sw = narrow_inputs(opts, "en"), narrow_inputs(opts, "sw")
     assert (en["contexts"], en["sentences_total"], len(en["sentences"])) == (9, 298, 47)
     assert (sw["contexts"], sw["sentences_total"], len(sw["sentences"])) == (5, 245, 53)
@@ -453,7 +457,7 @@ def test_narrow_inputs_count_each_distinct_sentence_once():
 
 def test_selection_text_orders():
     text = "A one. B two. C three. D four."
-    spans = make_splitter().spans(text)
+    spans = make_splitter("punkt_english").spans(text)
     assert selection_text(text, spans, [2, 0], order="score") == "C three. A one."
     assert selection_text(text, spans, [2, 0], order="document") == "A one. C three."
     assert selection_text(text, spans, [2, 0], order="document", join="\n") == "A one.\nC three."
@@ -487,8 +491,12 @@ def test_english_prompts_are_the_papers_boxes():
 
 def test_templates_file_and_unverified_strings():
     t = load_templates()
-    assert set(t["languages"]) == set(LANGS)
-    for lang, entry in t["languages"].items():
+    # the seven prompt languages, and context-only entries (a needle, no prompt) for the
+    # first release's Somali and Chinese haystacks
+    assert set(t["languages"]) == set(LANGS) | {"so", "zh"}
+    assert t["languages"]["so"]["needle"]["status"] == "v1"
+    assert "{number}" in t["languages"]["zh"]["needle"]["value"]
+    for lang, entry in ((c, t["languages"][c]) for c in LANGS):
         assert set(entry["cities"]["value"]) == set(CITIES), lang
         for name in ("instruction", "question_1", "question_3", "rules", "unanswerable_1",
                      "unanswerable_3", "unanswerable_tokens", "needle"):
@@ -519,7 +527,8 @@ def test_validated():
     opts = validated({"data": data, "query_langs": ["en"]})
     assert opts["context_langs"] == ["en", "sw"] and opts["ks"] == [3, 5, 10, 20, 50]
     assert opts["order"] == "score" and opts["join"] == " " and opts["needles"] == [1, 3]
-    assert opts["embedding_failure"] == "target" and opts["splitter"] == "punkt_english"
+    assert opts["embedding_failure"] == "target" and opts["splitter"] == "multilingual"
+    assert opts["scoring"] == "exact"
     everything = validated({"data": data, "allow_unverified": True})
     assert everything["query_langs"] == list(LANGS)
     for bad, match in ((dict(ks=[0]), "ks"), (dict(methods=["rag"]), "methods"),
@@ -529,7 +538,9 @@ def test_validated():
                        (dict(extra_terminators=["ab"]), "extra_terminators"),
                        (dict(data=[{"path": en1, "length_unit": "pages"}]), "data"),
                        (dict(query_langs=["xx-nope"]), "query_langs"),
-                       (dict(data=[{"path": en1, "lang": "de"}]), "data")):
+                       (dict(data=[{"path": en1, "lang": "xx-nope"}]), "data"),
+                       (dict(data=[{"path": en1, "tag": "a b"}]), "data"),
+                       (dict(scoring="substring"), "scoring")):
         assert f"study.options.{match}" in option_errors(
             {"data": data, "query_langs": ["en"], **bad}), bad
     ctxs = load_contexts(validated({"data": data, "query_langs": ["en"],
@@ -541,7 +552,8 @@ def test_validated():
 def test_settings_cells_and_prompt_rows():
     opts = validated({"data": [str(FIX / f) for f in FILES.values()],
                       "query_langs": ["en", "sw"], "allow_unverified": True,
-                      "methods": ["baseline", "cross", "needle_only"], "ks": [3, 50]})
+                      "methods": ["baseline", "cross", "needle_only"], "ks": [3, 50],
+                      "splitter": "punkt_english"})
     assert settings(opts) == ["1n_baseline", "1n_k3", "1n_k50", "1n_needle_only",
                               "3n_baseline", "3n_k3", "3n_k50", "3n_needle_only"]
     assert cell_langs(opts) == ["en-en", "en-sw", "sw-en", "sw-sw"]
@@ -568,12 +580,15 @@ def test_settings_cells_and_prompt_rows():
     assert m["top_idx"] == [32, 31, 30] and m["target_rank"] == 33 and not m["target_in_text"]
     ctx = fixture("en1")[1]  # target in sentence 8
     partial = {"top_idx": [8, 1, 2], "n_sentences": 33}
-    _, info = given_text(ctx, "cross", 3, selection=partial)
+    punkt = splitter_for(opts)
+    _, info = given_text(ctx, "cross", 3, selection=partial, splitter=punkt)
     assert info["label_rank"] == [1] and info["target_rank"] == 1
-    _, info = given_text(ctx, "cross", 2, selection={"top_idx": [1, 2], "n_sentences": 33})
+    _, info = given_text(ctx, "cross", 2, selection={"top_idx": [1, 2], "n_sentences": 33},
+                         splitter=punkt)
     assert info["label_rank"] == [None]  # beyond a partial ranking: unknown
     with pytest.raises(ValueError, match="splitter"):
-        given_text(ctx, "cross", 3, selection={**partial, "splitter_fp": "other"})
+        given_text(ctx, "cross", 3, selection={**partial, "splitter_fp": "other"},
+                   splitter=punkt)
 
 
 # ---------------------------------------------------------------------------- scoring
@@ -752,13 +767,14 @@ def test_seven_by_seven_matrix_and_length_averaging():
     assert t["baseline"].mean() == pytest.approx(36.875)
     # T1 slices; spec C2: 27 % mid-context (25/50/75) and 52 % at the edges give 37 % overall
     recs = [{"model": "m", "needles": 1, "method": m, "k": k, "system": system_name(m, k),
-             "length": L, "length_value": length_value(L), "position": p,
+             "length": L, "length_value": length_value(L), "position": p, "unit": "words:nltk",
              "correct": i < ((27 if p in MID_POSITIONS else 52) if L in LENGTHS[:5] else 0)
              if m == "baseline" else i < 90 + (k or 0) % 7}
             for m, k in (("baseline", None), ("cross", 3), ("cross", 10))
             for L in LENGTHS for p in POSITIONS for i in range(100)]
     s = table_summary(pd.DataFrame(recs)).loc[(1, "m")]
-    assert s.loc["baseline", "<=64k"] == pytest.approx(37) and s.loc["baseline", ">64k"] == 0
+    assert s.loc["baseline", "<=64k words"] == pytest.approx(37)
+    assert s.loc["baseline", ">64k words"] == 0
     assert s.loc["baseline", "all"] == pytest.approx(37 * 5 / 8)
     assert s.loc["baseline", "mid"] == pytest.approx(27 * 5 / 8)
     assert s.loc["cross", "all"] == pytest.approx((93 + 93) / 2) and s.loc["cross", "n"] == 8000
@@ -816,7 +832,7 @@ def test_builder_is_deterministic_and_depths_are_exact(tmp_path):
         assert row["city"] in CITIES
         # measured depth = count before the needle / haystack count, within one sentence of p
         hay = ctx["text"].replace(ctx["text"][slice(*split.spans[i])], "").replace("  ", " ")
-        counts = [count(s.text) for s in sp.sentences(hay.strip())]
+        counts = [count(s.text) for s in sp.sentences(hay.strip(), "en")]
         measured = float(row["depth_measured"])
         assert measured == pytest.approx(sum(counts[:i]) / sum(counts), abs=1e-6)
         longest = max(counts) / sum(counts)

@@ -1,9 +1,10 @@
 """Actor that measures documents the way translation will see them.
 
-For each document it splits the text into sentences with sentencex (which, unlike Punkt,
-covers every language of our studies) and counts subword tokens with the translation
-model's tokenizer. Those numbers size the translation work (segments to batch, tokens to
-decode) before a GPU is touched.
+For each document it splits the text into sentences with the text layer
+(xling/tasks/text.py: sentencex, which unlike Punkt covers every language of our studies,
+plus rules for the scripts it misses; the translator uses the same) and counts subword
+tokens with the translation model's tokenizer. Those numbers size the translation work
+(segments to batch, tokens to decode) before a GPU is touched.
 
 Plain constructor arguments; `__call__(batch) -> batch`. Rows that already carry an error
 pass through untouched.
@@ -18,9 +19,9 @@ import pyarrow as pa
 
 class DocumentStats:
     def __init__(self, tokenizer_path: str):
-        from sentencex import segment
+        from xling.tasks.text import sentences
 
-        self._segment = segment
+        self._segment = sentences
         # Loaded once per actor for the life of the pool. The Rust `tokenizers` file that NLLB
         # checkpoints ship loads in milliseconds; importing transformers costs ~10 s per actor.
         path = os.path.join(tokenizer_path, "tokenizer.json")
@@ -38,9 +39,9 @@ class DocumentStats:
 
     def segments(self, text: str, lang: str) -> list[str]:
         out = []
-        # Paragraph breaks are kept as boundaries: sentencex works within a paragraph.
+        # Paragraph breaks are kept as boundaries, as the translator keeps them.
         for para in text.split("\n"):
-            out += [s.strip() for s in self._segment(lang, para) if s.strip()]
+            out += [s.strip() for s in self._segment(para, lang) if s.strip()]
         return out
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -5,7 +5,8 @@ degrades (or loops) on long inputs. The translator actor calls these functions a
 engine:
 
 1. `segment_document`: paragraphs (split on "\\n", empty ones kept) into sentences with a
-   per-language segmenter (sentencex; Punkt has no models for many of our languages);
+   per-language segmenter (the text layer, xling/tasks/text.py: sentencex plus rules for
+   the scripts it misses; Punkt has no models for many of our languages);
 2. `split_long`: a sentence longer than the token limit becomes several pieces;
 3. `token_batches`: pieces sorted by length within a window, then cut into batches whose
    padded size (examples x longest) stays under a token budget: the sort cuts padding;
@@ -22,13 +23,12 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-# Scripts written without spaces between words or sentences.
-NO_SPACE_SCRIPTS = ("Hans", "Hant", "Jpan", "Thai", "Khmr", "Laoo", "Mymr", "Tibt")
+from xling.tasks.text import NO_SPACE_SCRIPTS  # written without spaces between words
 
 
 def joiner_for(nllb_code: str) -> str:
     """What separates sentences in the target language: nothing for zh/ja/th, else a space."""
-    return "" if nllb_code.endswith(NO_SPACE_SCRIPTS) else " "
+    return "" if nllb_code.endswith(tuple(sorted(NO_SPACE_SCRIPTS))) else " "
 
 
 @dataclass(frozen=True)

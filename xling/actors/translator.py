@@ -2,7 +2,8 @@
 
 Loaded once per actor: a `ctranslate2.Translator`, the model's own `tokenizer.json` (Rust
 `tokenizers`, which loads in milliseconds; importing transformers would cost ~10 s per actor),
-sentencex for sentences and, optionally, a lingua detector for the language check.
+the text layer for sentences (xling/tasks/text.py; each row records its `segmenter`
+fingerprint) and, optionally, a lingua detector for the language check.
 
 `__call__(batch) -> batch` takes input rows (`_rid, _cell, _shard, id, kind, title, text,
 error`) and returns one translations row per input row. All segments of the batch form one
@@ -34,7 +35,7 @@ OUTPUT = pa.schema([
     ("segments", pa.list_(pa.string())), ("n_segments", pa.int64()),
     ("n_src_tokens", pa.int64()), ("n_tgt_tokens", pa.int64()), ("n_truncated", pa.int64()),
     ("model", pa.string()), ("compute_type", pa.string()), ("beam_size", pa.int64()),
-    ("error", pa.string()),
+    ("segmenter", pa.string()), ("error", pa.string()),
 ])
 PASS_THROUGH = ("_rid", "_cell", "_shard")
 
@@ -58,8 +59,9 @@ class Translator:
                  lingua_names: list[str] = (), lingua_expected: dict[str, str] | None = None,
                  lang_check_confidence: float = 0.9, lang_check_min_chars: int = 100):
         import ctranslate2
-        from sentencex import segment
         from tokenizers import Tokenizer
+
+        from xling.tasks.text import fingerprint, sentences
 
         if device == "auto":
             device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
@@ -67,7 +69,7 @@ class Translator:
                                              inter_threads=inter_threads,
                                              intra_threads=intra_threads)
         self.tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
-        self.segment = segment
+        self.segment, self.segmenter = sentences, fingerprint()
         self.model_name, self.device = model_name, device
         self.compute_type = self.engine.compute_type  # what CT2 actually runs, after fallbacks
         self.directions = [tuple(d) for d in directions]
@@ -139,7 +141,7 @@ class Translator:
                    "n_segments": None, "n_src_tokens": None, "n_tgt_tokens": None,
                    "n_truncated": None, "model": self.model_name,
                    "compute_type": self.compute_type, "beam_size": self.beam_size,
-                   "error": errors[r]}
+                   "segmenter": self.segmenter, "error": errors[r]}
             if docs[r] is not None:
                 ks = by_row.get(r, [])
                 row.update(self._assemble(docs[r][0], [pieces[k][1] for k in ks],
@@ -154,7 +156,7 @@ class Translator:
 
     def _pieces(self, title: str | None, text: str, src: str, src_code: str):
         """Title (as paragraph 0, when there is one) and text paragraphs -> engine pieces."""
-        seg = lambda para: self.segment(src, para)  # noqa: E731
+        seg = lambda para: self.segment(para, src)  # noqa: E731
         # A title is one paragraph (a multi-line title is rare; its lines become sentences).
         title_sents = [s for para in segment_document(title or "", seg) for s in para]
         paragraphs = [title_sents, *segment_document(text, seg)]

@@ -177,7 +177,8 @@ class FeaturesStage(Stage):
         if scorer == "langid":
             langs = self.study(cfg).langid_langs(cfg.study.options)
             return ds.map_batches(_LangIdBatch, batch_format="pyarrow", batch_size=256,
-                                  fn_constructor_kwargs={"langs": langs},
+                                  fn_constructor_kwargs={"langs": langs,
+                                                         "backend": _langid_backend(cells[0])},
                                   compute=actor_pool(Parallelism(concurrency=(1, 1)),
                                                      key="features.langid"))
         spec = getattr(fc, scorer)
@@ -201,9 +202,15 @@ class FeaturesStage(Stage):
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         t = store.read_parquet(part_files(store, cell.dir), columns=["cached", "error"])
-        return {"scored": {"rows": t.num_rows,
-                           "failed": int(pc.sum(pc.is_valid(t["error"])).as_py() or 0),
-                           "from_cache": int(pc.sum(pc.equal(t["cached"], True)).as_py() or 0)}}
+        out = {"scored": {"rows": t.num_rows,
+                          "failed": int(pc.sum(pc.is_valid(t["error"])).as_py() or 0),
+                          "from_cache": int(pc.sum(pc.equal(t["cached"], True)).as_py() or 0)}}
+        if cell.key["scorer"] == "langid":  # which detector made features 1-2 (issue 27)
+            from xling.tasks.text import backend_version
+
+            backend = _langid_backend(cell)
+            out["language_id"] = {"backend": backend, "version": backend_version(backend)}
+        return out
 
 
 def raise_config(msg: str):
@@ -249,20 +256,34 @@ def _lexical(batch: pa.Table, *, study: str, options: list[dict]) -> pa.Table:
     return _rows(batch, scores, errors=errors)
 
 
+def _langid_backend(cell: Cell) -> str:
+    """The study's `language_id` option (MIRAGE: lingua, or langid.py as the paper's compat
+    backend); lingua for a study without one."""
+    return (cell.params.get("options") or {}).get("language_id", "lingua")
+
+
 class _LangIdBatch:
-    """Language-id probabilities over every language lingua can tell apart among the
-    study's languages (a language outside the candidates gets probability 0)."""
+    """Language-id probabilities (xling.tasks.text.LanguageID) over the study's languages
+    the backend can identify: lingua restricted to them, or langid.py over all of its 97
+    languages (as the MIRAGE paper ran it). A row in a language the backend cannot identify
+    is an error row, not a probability of 0."""
 
-    def __init__(self, langs: list[str]):
-        from xling.actors.langid import LanguageDetector
-        from xling.tasks.languages import lingua_language
+    def __init__(self, langs: list[str], backend: str = "lingua"):
+        from xling.tasks.text import LanguageID, identifiable
 
-        self.detector = LanguageDetector(sorted({lingua_language(c) for c in langs} - {None}))
+        usable = identifiable(langs, backend)
+        self.lacking = sorted(set(langs) - set(usable))
+        self.backend = backend
+        self.detector = LanguageID(usable, backend, restrict=backend == "lingua")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         probs = self.detector.probabilities(batch["text"].to_pylist())
-        errors = [e or (None if p is not None else "no text to identify")
-                  for e, p in zip(batch["error"].to_pylist(), probs)]
+        errors = []
+        for e, p, lang in zip(batch["error"].to_pylist(), probs, batch["lang"].to_pylist()):
+            if e is None and lang in self.lacking:
+                e = (f"language ID: {self.backend} cannot identify {lang!r} "
+                     f"({self.detector.fingerprint}); use language_id: lingua")
+            errors.append(e or (None if p is not None else "no text to identify"))
         return _rows(batch, probs, errors=errors)
 
 

@@ -37,15 +37,17 @@ def make_counter(unit: str | Callable[[str], Any] = "words:nltk",
         from nltk.tokenize.destructive import NLTKWordTokenizer
 
         word_tokenizer = NLTKWordTokenizer()
-        splitter = splitter or make_splitter()
+        # the V2 unit is defined on Punkt's English sentences (s1.3), whatever splits the cases
+        punkt = splitter if splitter is not None and splitter.tokenizer is not None else \
+            make_splitter("punkt_english")
         return lambda text: sum(len(word_tokenizer.tokenize(s.text))
-                                for s in splitter.sentences(text))
+                                for s in punkt.sentences(text))
     raise ValueError(f"unknown length unit {unit!r}: use words:nltk, words:whitespace or a "
                      "tokenizer callable")
 
 
 def build_haystack(documents: Iterable[Mapping], budget: int, count: Callable[[str], int],
-                   splitter: Splitter) -> tuple[str, list[str], int]:
+                   splitter: Splitter, lang: str = "en") -> tuple[str, list[str], int]:
     """v1's ``haystack_builder`` (s1.5): whole documents joined by one space while the
     running count stays <= budget; a first document longer than the budget is skipped; the
     document that would overflow is cut at the last sentence that still fits, and the
@@ -66,7 +68,7 @@ def build_haystack(documents: Iterable[Mapping], budget: int, count: Callable[[s
         if not parts:
             continue  # v1 skips a first article that alone is too long
         kept = []
-        for s in splitter.sentences(text):
+        for s in splitter.sentences(text, lang):
             sentence_count = count(s.text)
             if total + sentence_count > budget:
                 break
@@ -201,8 +203,8 @@ def build_cases(documents: Iterable[Mapping], *, lang: str,
             raise ValueError(f"bad length {length!r}: give thousands (2) or '2k', above the "
                              f"buffer of {buffer}")
         label = f"{int(units / 1000)}k" if units % 1000 == 0 else str(length)
-        hay, doc_ids, _ = build_haystack(docs, units - buffer, count, splitter)
-        sentences = splitter.sentences(hay)
+        hay, doc_ids, _ = build_haystack(docs, units - buffer, count, splitter, lang)
+        sentences = splitter.sentences(hay, lang)
         spans = [(s.start, s.end) for s in sentences]
         cumulative = [0] + list(np.cumsum([count(s.text) for s in sentences],
                                           dtype=np.int64).tolist())

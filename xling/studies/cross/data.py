@@ -87,8 +87,12 @@ def _floats(value) -> list[float] | None:
         return None
 
 
-def context_id(needles: int, lang: str, length: str, position, run: int) -> str:
-    return f"{needles}n.{lang}.{length}.{position}.r{run}"
+def context_id(needles: int, lang: str, length: str, position, run: int,
+               tag: str | None = None) -> str:
+    """``{n}n.{lang}.{length}.{position}.r{run}``, with ``.{tag}`` after the language when
+    the data entry has a tag (two files of one language and needle count)."""
+    where = f"{lang}.{tag}" if tag else lang
+    return f"{needles}n.{where}.{length}.{position}.r{run}"
 
 
 def _check_labels(text: str, labels: list[str]) -> list[str]:
@@ -105,7 +109,8 @@ def _check_labels(text: str, labels: list[str]) -> list[str]:
 
 
 def parse_cases(text: str, *, lang: str, source: str = "<text>",
-                length_unit: str | None = None, needles: int | None = None) -> list[dict]:
+                length_unit: str | None = None, needles: int | None = None,
+                tag: str | None = None) -> list[dict]:
     """Context rows of one mLongRR CSV's text (see :func:`load_file`); never raises for a
     bad row (it becomes a row with ``error``), raises ValueError for a bad header."""
     raise_csv_field_limit()
@@ -124,7 +129,7 @@ def parse_cases(text: str, *, lang: str, source: str = "<text>",
         length = str(row.get("context_length") or "").strip()
         position = _position(row.get("position") or "")
         run = int(row["run"]) if str(row.get("run") or "").strip().isdigit() else 0
-        cid = context_id(n_needles, lang, length, position, run)
+        cid = context_id(n_needles, lang, length, position, run, tag)
         body = row.get("text") or ""
         labels = [str(row.get(c) or "").strip() for c in label_cols]
         cities = [str(row.get(c) or "").strip() for c in city_cols]
@@ -134,7 +139,7 @@ def parse_cases(text: str, *, lang: str, source: str = "<text>",
                "position": position, "run": run, "text": body, "labels": labels,
                "cities": cities, "gold": None, "target": None, "depth_chars": None,
                "depth_measured": _floats(row.get("depth_measured")),
-               "source": source, "row": row_no, "error": None}
+               "source": source, "tag": tag, "row": row_no, "error": None}
         errors = []
         if cid in seen:
             errors.append(f"duplicate case {cid}")
@@ -158,40 +163,73 @@ _FILE_CACHE: dict[tuple, list[dict]] = {}
 
 
 def load_file(path: str, *, lang: str | None = None, length_unit: str | None = None,
-              needles: int | None = None, filesystem=None) -> list[dict]:
+              needles: int | None = None, tag: str | None = None,
+              filesystem=None) -> list[dict]:
     """The context rows of one mLongRR CSV: ``context_id`` (``{n}n.{lang}.{length}.
     {position}.r{run}``), ``needles``, ``lang``, ``length`` ("2k"), ``length_value`` (2000),
     ``unit``, ``position`` (int, or a string such as "random"), ``run`` (0 without a ``run``
     column), ``text``, ``labels``, ``cities``, ``gold`` (the largest label), ``target`` (its
     index in ``labels``), ``depth_chars`` (label start / text length, measured),
     ``depth_measured`` (the builder's count-based depth, when the file has it), ``source``,
-    ``row`` and ``error``. Cached per (path, size, mtime); callers must not mutate rows."""
+    ``tag`` (the data entry's, in the context id when given), ``row`` and ``error``.
+    Cached per (path, size, mtime); callers must not mutate rows."""
     lang = lang or lang_of_file(path)
     if lang is None:
         raise ValueError(f"{path}: no language given and none in the file name")
-    key: tuple = (path, lang, length_unit, needles)
+    key: tuple = (path, lang, length_unit, needles, tag)
     if filesystem is None and "://" not in path:
         st = os.stat(path)
         key += (st.st_size, st.st_mtime_ns)
         if key in _FILE_CACHE:
             return _FILE_CACHE[key]
     rows = parse_cases(read_text(path, filesystem), lang=lang, source=path,
-                       length_unit=length_unit, needles=needles)
-    if len(key) > 4:
+                       length_unit=length_unit, needles=needles, tag=tag)
+    if len(key) > 5:
         if len(_FILE_CACHE) > 16:
             _FILE_CACHE.clear()
         _FILE_CACHE[key] = rows
     return rows
 
 
+def header_needles(path: str) -> int | None:
+    """The needle count of a local CSV from its header line alone; None for a URI or a
+    header that says nothing (the full load reports that)."""
+    if "://" in path:
+        return None
+    raise_csv_field_limit()
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        header = next(csv.reader(f), [])
+    try:
+        return needles_in_columns(header)
+    except ValueError:
+        return None
+
+
+def same_ids_error(lang: str, needles: int, paths: Iterable[str]) -> str:
+    """The message for two data files whose context ids would collide."""
+    listed = " and ".join(paths)
+    return (f"{listed} are both {needles}-needle {lang!r} files without distinct tags: their "
+            f"context ids ({needles}n.{lang}.<length>.<depth>.r<run>) would collide and one "
+            "file's rows would take the other's rankings; give each entry its own `tag` "
+            "(e.g. `{path: ..., tag: v1}`) or drop one")
+
+
 def load_contexts(opts: Mapping, *, filesystem=None) -> list[dict]:
-    """Every context the options select (validated options, ``Options``)."""
-    out = []
+    """Every context the options select (validated options, ``Options``). Two files of one
+    language and needle count need distinct tags (ValueError otherwise)."""
+    out, owner = [], {}
     for entry in opts["data"]:
         if entry["lang"] not in opts["context_langs"]:
             continue
         rows = load_file(entry["path"], lang=entry["lang"], length_unit=entry["length_unit"],
-                         needles=entry["needles"], filesystem=filesystem)
+                         needles=entry["needles"], tag=entry.get("tag"),
+                         filesystem=filesystem)
+        if rows:
+            key = (rows[0]["needles"], entry["lang"], entry.get("tag"))
+            if key in owner and owner[key] != entry["path"]:
+                raise ValueError(same_ids_error(entry["lang"], key[0],
+                                                [owner[key], entry["path"]]))
+            owner[key] = entry["path"]
         kept = [r for r in rows if r["needles"] in opts["needles"]
                 and (opts.get("lengths") is None or r["length"] in opts["lengths"])
                 and (opts.get("positions") is None or str(r["position"]) in opts["positions"])

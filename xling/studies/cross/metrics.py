@@ -1,12 +1,13 @@
-"""Scoring: containment of the gold number after digit normalization (the only published
-scoring code, s1.7) with ``strict`` beside it, the failure taxonomy (L178-181, L216-219),
-input reduction (L145-151), per-item scores and the metric rows of a run."""
+"""Scoring: exact match (the paper's "exact match accuracy", L106: the 7-digit numbers of the
+answer are exactly the gold) first, and containment of the gold string (v1's only published
+scoring code, s1.7) second, both after digit and Chinese-numeral normalization (the text
+layer); the ``scoring`` option says which is ``correct``. Also the failure taxonomy
+(L178-181, L216-219), input reduction (L145-151), per-item scores and the metric rows."""
 
 from __future__ import annotations
 
 import json
 import re
-import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -14,7 +15,9 @@ import numpy as np
 import pandas as pd
 
 from xling.tasks.tables import wilson
-from .paper import FAILURE_DETAILS, FAILURE_RULES, STUDY
+from xling.tasks.text import normalize_numerals
+
+from .paper import FAILURE_DETAILS, FAILURE_RULES, SCORINGS, STUDY
 from .prompts import needs_selection, setting_name
 from .templates import unanswerable_tokens
 
@@ -31,13 +34,13 @@ _REFUSED = re.compile(r"prompt too long|maximum context length|context length|to
 
 def normalize_digits(text: str) -> str:
     """Every Unicode decimal digit (category Nd: Persian, Arabic-Indic, Devanagari, ...)
-    becomes its ASCII digit, then the separators between two digits are dropped
-    (``7,252,750`` / ``7 252 750`` / ``۷٬۲۵۲٬۷۵۰`` -> ``7252750``)."""
+    becomes its ASCII digit and every Chinese numeral its ASCII number (the text layer's
+    ``normalize_numerals``), then the separators between two digits are dropped
+    (``7,252,750`` / ``7 252 750`` / ``۷٬۲۵۲٬۷۵۰`` / ``七百二十五万二千七百五十`` ->
+    ``7252750``)."""
     if not text:
         return ""
-    chars = [str(unicodedata.decimal(ch)) if unicodedata.category(ch) == "Nd" else ch
-             for ch in text]
-    return _SEPARATOR_RE.sub("", "".join(chars))
+    return _SEPARATOR_RE.sub("", normalize_numerals(text))
 
 
 def seven_digit_numbers(text: str) -> list[str]:
@@ -45,12 +48,14 @@ def seven_digit_numbers(text: str) -> list[str]:
 
 
 def contains_gold(output: str | None, gold: str) -> bool:
-    """The primary metric: the gold string occurs in the normalized output (s1.7)."""
+    """Containment (``scoring: containment``, v1's code, s1.7): the gold string occurs in
+    the normalized output; credits "14753820", "4753820.5" and a list of every needle."""
     return bool(output) and str(gold) in normalize_digits(output)
 
 
 def strict_correct(output: str | None, gold: str) -> bool:
-    """The secondary metric: the 7-digit numbers of the output are exactly {gold}."""
+    """Exact match (``scoring: exact``, the default; L106 "exact match accuracy"): the
+    7-digit numbers of the normalized output are exactly {gold}."""
     return bool(output) and set(seven_digit_numbers(output)) == {str(gold)}
 
 
@@ -68,9 +73,13 @@ def gold_label(labels: Sequence) -> str:
 
 
 def score_output(output: str | None, gold: str, *, qlang: str | None = None,
-                 templates: Mapping | None = None) -> dict:
-    return {"correct": contains_gold(output, gold), "strict": strict_correct(output, gold),
-            "unanswerable": is_unanswerable(output, qlang, templates),
+                 templates: Mapping | None = None, scoring: str = "exact") -> dict:
+    """``correct`` by the ``scoring`` rule, with ``strict`` (exact) and ``contains`` beside."""
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {list(SCORINGS)}, got {scoring!r}")
+    strict, contains = strict_correct(output, gold), contains_gold(output, gold)
+    return {"correct": strict if scoring == "exact" else contains, "strict": strict,
+            "contains": contains, "unanswerable": is_unanswerable(output, qlang, templates),
             "numbers": seven_digit_numbers(output or "")}
 
 
@@ -101,7 +110,7 @@ def system_name(method: str, k) -> str:
     return f"cross@{int(k)}" if method == "cross" else method
 
 
-def _score_one(row: Mapping, rule: str, templates: Mapping | None) -> dict:
+def _score_one(row: Mapping, rule: str, templates: Mapping | None, scoring: str) -> dict:
     meta = dict(row.get("meta") or {})
 
     def get(key, default=None):  # a top-level key wins over meta's
@@ -111,7 +120,8 @@ def _score_one(row: Mapping, rule: str, templates: Mapping | None) -> dict:
     gold = get("gold") or gold_label(get("labels"))
     qlang = get("qlang")
     refused = bool(row.get("too_long") or row.get("refused"))
-    scored = score_output(row.get("output"), gold, qlang=qlang, templates=templates)
+    scored = score_output(row.get("output"), gold, qlang=qlang, templates=templates,
+                          scoring=scoring)
     target_in = bool(get("target_in_text", True))
     all_in = bool(get("all_in_text", target_in))
     cls, detail = failure_class(correct=scored["correct"], target_in_cap=target_in,
@@ -127,6 +137,8 @@ def _score_one(row: Mapping, rule: str, templates: Mapping | None) -> dict:
         "position": get("position"), "run": get("run"), "gold": gold,
         "correct": scored["correct"] and not refused,
         "strict": scored["strict"] and not refused,
+        "contains": scored["contains"] and not refused, "scoring": scoring,
+        "unit": get("unit"), "depth": get("depth"),
         "unanswerable": scored["unanswerable"], "refused": refused,
         "failure": cls, "failure_detail": detail,
         "target_in_cap": target_in, "all_in_cap": all_in,
@@ -139,12 +151,15 @@ def _score_one(row: Mapping, rule: str, templates: Mapping | None) -> dict:
 
 
 def score_rows(rows: Iterable[Mapping], *, rule: str = "target",
-               templates: Mapping | None = None) -> pd.DataFrame:
+               templates: Mapping | None = None, scoring: str = "exact") -> pd.DataFrame:
     """Per-item scores. Each row holds ``output`` (None for an error/refused generation),
     ``meta`` (from ``prompts.prompt_row``; its keys may also sit at the top level) and
     optionally ``model``, ``item_id``, ``error``, ``too_long``/``refused`` and
-    ``n_prompt_tokens``. Rows are scored one by one: only a row's own output counts."""
-    frame = pd.DataFrame.from_records([_score_one(r, rule, templates) for r in rows])
+    ``n_prompt_tokens``. Rows are scored one by one: only a row's own output counts.
+    ``correct`` follows ``scoring`` (``exact`` or ``containment``); ``depth`` is the
+    measured depth of the target needle (``position`` the nominal one)."""
+    frame = pd.DataFrame.from_records([_score_one(r, rule, templates, scoring)
+                                       for r in rows])
     if len(frame) and frame["n_prompt_tokens"].notna().any():
         frame = add_token_reduction(frame)
     else:
@@ -179,7 +194,8 @@ def score_items(opts: Mapping, generations: Sequence[Mapping]) -> list[dict]:
                      "output": None if err else g.get("output"),
                      "gen_error": err})
     usable = [r for r in rows if r["meta"]]
-    scored = score_rows(usable, rule=opts.get("embedding_failure", "target"))
+    scored = score_rows(usable, rule=opts.get("embedding_failure", "target"),
+                        scoring=opts.get("scoring", "exact"))
     items = []
     for r, rec in zip(usable, scored.to_dict("records")):
         rec.update(setting=r["setting"], lang=r["lang"], error=r["gen_error"])
@@ -200,7 +216,9 @@ def _group_metrics(setting: str, lang: str, model: str, group: list[dict]) -> li
                         "metric": metric, "value": value, "ci_low": lo, "ci_high": hi, "n": n})
 
     n = len(group)
-    for metric, key in (("accuracy", "correct"), ("strict_accuracy", "strict")):
+    # the primary metric first (exact match by default, L106), then both rules by name
+    for metric, key in (("accuracy", "correct"), ("exact_accuracy", "strict"),
+                        ("containment_accuracy", "contains")):
         k = sum(1 for i in group if i.get(key))
         add(metric, 100.0 * k / n, n, *wilson(k, n))
     for cls in (*FAILURE_DETAILS[1:], "error"):
@@ -213,21 +231,31 @@ def _group_metrics(setting: str, lang: str, model: str, group: list[dict]) -> li
         vals = [i[red] for i in group if i.get(red) is not None and not pd.isna(i[red])]
         if vals:
             add(red, 100.0 * float(np.mean(vals)), len(vals))
-    for dim, key in (("length", "length"), ("depth", "position")):
+    for dim, key in (("length", "length"), ("depth", "depth_bin"), ("position", "position")):
         by: dict[str, list[bool]] = defaultdict(list)
         for i in group:
-            if i.get(key) is not None:
-                by[str(i[key])].append(bool(i.get("correct")))
+            value = depth_bin(i.get("depth")) if key == "depth_bin" else i.get(key)
+            if value is not None:
+                by[str(value)].append(bool(i.get("correct")))
         for value, correct in by.items():
             add(f"accuracy|{dim}={value}", 100.0 * sum(correct) / len(correct), len(correct))
     return metrics
 
 
+def depth_bin(depth: float | None) -> int | None:
+    """A measured depth (0..1) as the nearest of the nominal grid 0/25/50/75/100 (%)."""
+    if depth is None or pd.isna(depth):
+        return None
+    return int(25 * round(float(depth) * 4))
+
+
 def score(opts: Mapping, generations: Sequence[Mapping]) -> tuple[list, list]:
     """Items (one per generation, with its failure class) and metric rows per (setting,
-    lang = q-c, model): accuracy and strict accuracy with Wilson 95% intervals, the failure
-    classes, hit rate of the target (CROSS), input reduction, refused prompts; accuracy also
-    by length and by depth (``accuracy|length=2k``, ``accuracy|depth=50``)."""
+    lang = q-c, model): accuracy (by the ``scoring`` option), exact and containment accuracy
+    with Wilson 95% intervals, the failure classes, hit rate of the target (CROSS), input
+    reduction, refused prompts; accuracy also by length, by measured depth (nearest 25 %)
+    and by nominal position (``accuracy|length=2k``, ``accuracy|depth=50``,
+    ``accuracy|position=50``)."""
     items = score_items(opts, generations)
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for item in items:

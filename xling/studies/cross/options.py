@@ -15,7 +15,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from xling.studies.base import StudyOptions
 from xling.tasks.languages import validate_languages
 
-from .data import lang_of_file
+from .data import header_needles, lang_of_file, same_ids_error
 from .paper import KS, LANGS, NEEDLES
 from .templates import load_templates, prompt_template
 
@@ -67,6 +67,9 @@ class DataEntry(BaseModel):
     needles: int | None = Field(None, description=(
         "1, 2 or 3; if given, it must match the columns (`label` vs `label1..n`), which say "
         "it anyway."))
+    tag: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]+$", description=(
+        "A short name put in this file's context ids (`1n.so.<tag>.2k.50.r0`); required to "
+        "tell apart two files of one language and needle count (e.g. two mLongRR releases)."))
 
     @model_validator(mode="before")
     @classmethod
@@ -109,11 +112,9 @@ class DataEntry(BaseModel):
         if lang is None:
             raise ValueError(f"no language for {self.path}; add `lang: <code>` (the file name "
                              "is not <Language>_needles.csv)")
-        code = validate_languages([lang])[0].code
-        if code not in LANGS:
-            raise ValueError(f"language {code!r} is not an mLongRR-V2 language; CROSS covers "
-                             f"{list(LANGS)}")
-        self.lang = code
+        # Any language of the table: the method does not depend on the language; what a
+        # language needs (a needle template, prompts) is checked against templates.json.
+        self.lang = validate_languages([lang])[0].code
         return self
 
 
@@ -150,12 +151,22 @@ class Options(StudyOptions):
     query_text: Literal["question", "instruction"] = Field("question", description=(
         "What the sentences are ranked against: the question sentence in the query language, "
         "or the whole instruction (the paper says only \"the query\", L55)."))
-    splitter: Literal["punkt_english", "punkt_untrained"] = Field("punkt_english", description=(
-        "The sentence splitter: NLTK Punkt with the English parameters shipped with the study "
-        "(v1's choice for every language, s2.1), or untrained Punkt."))
+    splitter: Literal["multilingual", "punkt_english", "punkt_untrained"] = Field(
+        "multilingual", description=(
+            "The sentence splitter: `multilingual` (default: xling's text layer, "
+            "xling/tasks/text.py, which ends sentences at every script's terminators, and each "
+            "needle cut out as a sentence of its own), `punkt_english` (compat: NLTK Punkt "
+            "with the English parameters for every language, v1's choice, s2.1, reproducing "
+            "the paper), or untrained Punkt. Prompt rows record its fingerprint."))
     extra_terminators: list[Character] = Field(default_factory=list, description=(
-        "Single characters that also end a sentence, e.g. `[\"।\", \"؟\", \"۔\"]` (a flagged "
-        "variant, s2.1)."))
+        "Punkt splitters only: single characters that also end a sentence, e.g. "
+        "`[\"।\", \"؟\", \"۔\"]` (a flagged variant, s2.1)."))
+    scoring: Literal["exact", "containment"] = Field("exact", description=(
+        "The primary metric (`accuracy`): `exact` (default; the paper's \"exact match\", "
+        "L106: the 7-digit numbers of the answer are exactly the gold, after digit and "
+        "Chinese-numeral normalization) or `containment` (compat: the gold string occurs in "
+        "the answer, v1's only published scoring code, s1.7). Both are reported "
+        "(`exact_accuracy`, `containment_accuracy`)."))
     lengths: list[str] | None = Field(None, description=(
         "Keep only these context lengths (e.g. `[2k, 8k]`); default: all."))
     positions: list[str] | None = Field(None, description=(
@@ -176,8 +187,9 @@ class Options(StudyOptions):
         "Haystack languages to run; default: every language in `data`."))
     query_langs: Languages = Field(default_factory=lambda: list(LANGS), validate_default=True,
                                    description=(
-        "Query (prompt) languages; default the seven of mLongRR-V2 (L271), which need "
-        "`allow_unverified: true` until their strings are reviewed."))
+        "Query (prompt) languages: any language with prompt strings in the templates file; "
+        "default the seven of mLongRR-V2 (L271), which need `allow_unverified: true` until "
+        "their strings are reviewed."))
 
     @field_validator("data", mode="before")
     @classmethod
@@ -233,13 +245,41 @@ class Options(StudyOptions):
     @classmethod
     def _query_langs(cls, value: list[str], info: ValidationInfo) -> list[str]:
         codes = _codes(value)
-        outside = [q for q in codes if q not in LANGS]
-        if outside:
-            raise ValueError(f"{outside} not in mLongRR-V2; choose from {list(LANGS)}")
         if all(k in info.data for k in ("needles", "prompt_variant", "templates",
                                          "allow_unverified")):
             _check_prompts(codes, info.data)
         return _once(codes)
+
+
+    @model_validator(mode="after")
+    def _data_and_needles(self) -> Options:
+        """Two files of one language and needle count need distinct tags (their context ids
+        would collide); a context language run with `cross` or `needle_only` needs a needle
+        template (where the needle is, what the needle-only prompt shows)."""
+        if self.splitter == "multilingual" and self.extra_terminators:
+            raise ValueError("extra_terminators apply to the Punkt splitters; the multilingual "
+                             "splitter already ends sentences at every script's terminators "
+                             "(drop extra_terminators or set splitter: punkt_english)")
+        seen: dict[tuple, str] = {}
+        for entry in self.data:
+            needles = entry.needles or header_needles(entry.path)
+            if needles is None:
+                continue  # a URI: load_contexts checks it when it reads the file
+            key = (entry.lang, needles, entry.tag)
+            if key in seen and seen[key] != entry.path:
+                raise ValueError(same_ids_error(entry.lang, needles, [seen[key], entry.path]))
+            seen[key] = entry.path
+        if {"cross", "needle_only"} & set(self.methods):
+            languages = load_templates(self.templates)["languages"]
+            lacking = [c for c in (self.context_langs or [])
+                       if "needle" not in languages.get(c, {})]
+            if lacking:
+                raise ValueError(f"no needle template for context language(s) {lacking} in the "
+                                 "templates file: CROSS cannot tell the needle sentence and the "
+                                 "needle-only prompt would be the bare number; add "
+                                 "`languages.<code>.needle` (and `needle_variants`) or drop the "
+                                 "methods cross and needle_only")
+        return self
 
 
 def _check_prompts(qlangs: list[str], opts: dict) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .paper import FAILURE_DETAILS
-from .tables import accuracy_table, table_by_k, table_failures, table_pairs
+from .tables import accuracy_table, table_by_k, table_failures, table_pairs, with_depth_bin
 
 FAILURE_COLORS = {"correct": "#4c9a2a", "embedding_failure": "#d62728",
                   "llm_unanswerable": "#ff7f0e", "llm_incorrect": "#9467bd",
@@ -38,8 +38,11 @@ def _save(fig, path: str | os.PathLike) -> str:
 
 
 def plot_accuracy(items: pd.DataFrame, by: str, path: str | os.PathLike) -> str:
-    """Accuracy vs ``by`` (``length``, ``position`` or ``k``), one panel per needle count,
-    one line per system (and model); a PNG at ``path``."""
+    """Accuracy vs ``by`` (``length``, ``depth`` (measured, nearest 25 %), ``position``
+    (nominal) or ``k``), one panel per needle count, one line per system (and model); a PNG
+    at ``path``."""
+    if by == "depth":
+        items, by = with_depth_bin(items).dropna(subset=["depth_bin"]), "depth_bin"
     table = table_by_k(items) if by == "k" else accuracy_table(items, by)
     needles = sorted({ix[0] for ix in table.index})
     fig, axes = _figure(len(needles))
@@ -49,7 +52,8 @@ def plot_accuracy(items: pd.DataFrame, by: str, path: str | os.PathLike) -> str:
         for col in panel.columns:
             ax.plot(xs, panel[col].to_numpy(dtype=float), marker="o", label=str(col))
         ax.set_title(f"{n} needle{'s' if n > 1 else ''}")
-        ax.set_xlabel({"length": "context length", "position": "needle depth (%)",
+        ax.set_xlabel({"length": "context length", "position": "nominal needle depth (%)",
+                       "depth_bin": "measured needle depth (%)",
                        "k": "sentence cap k"}.get(by, by))
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(-2, 102)

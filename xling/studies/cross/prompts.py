@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from xling.tasks.text import count_units
+
 from .data import NUMBER_IN_TEXT, load_contexts
 from .paper import STUDY
 from .rank import label_ranks, rank, selection_text
@@ -70,15 +72,34 @@ def prompt_cells(opts: Mapping) -> list[tuple[str, str]]:
             if (parse_setting(s)[0], split_cell_lang(lang)[1]) in have]
 
 
-def words(text: str) -> int:
-    """Whitespace words (the model-free length measure of the reduction)."""
-    return len(text.split())
+def words(text: str, lang: str | None = None) -> int:
+    """The model-free length measure of the reduction: the text layer's words of ``lang``
+    (characters for zh, ja, th and the other scripts without word spaces), or whitespace
+    words when no language is given."""
+    return count_units(text, lang)[0] if lang else len(text.split())
 
 
 def needle_only_text(ctx: Mapping, split: ContextSplit, join: str = " ") -> str:
-    """The needle(s) alone, in document order (the L102 sanity check)."""
+    """The needle(s) alone, in document order (the L102 sanity check). A needle that matches
+    no needle template of the context language is an error (ValueError): the prompt would
+    show the bare number, not the needle sentence."""
+    bare = [label for label, (_, _, how) in zip(ctx["labels"], split.needle_spans)
+            if how != "template"]
+    if bare:
+        raise ValueError(f"{ctx['context_id']}: needle(s) {bare} match no needle template of "
+                         f"{ctx['lang']!r}; the needle-only prompt would be the bare number. "
+                         f"Add the file's needle to the templates file (languages."
+                         f"{ctx['lang']}.needle or needle_variants)")
     spans = sorted((s, e) for s, e, _ in split.needle_spans if s >= 0)
     return join.join(ctx["text"][s:e] for s, e in spans)
+
+
+def needle_depths(ctx: Mapping, split: ContextSplit) -> list[float | None]:
+    """Measured depth of each needle, in label order: characters before the needle's start
+    (the whole needle sentence when a template matched, else the label) / characters in the
+    text. The CSV's ``position`` is the nominal depth."""
+    n = max(1, len(ctx["text"]))
+    return [s / n if s >= 0 else None for s, _, _ in split.needle_spans]
 
 
 def _cross_selection(ctx: Mapping, split: ContextSplit, k: int, selection: Mapping,
@@ -119,8 +140,12 @@ def given_text(ctx: Mapping, method: str, k: int | None = None, *,
     ``top_idx`` (the ranking, best first, at least k long or complete) with
     ``n_sentences``; a selection made with another split is an error (ValueError)."""
     split = context_split(ctx, splitter, templates)
+    depths = needle_depths(ctx, split)
     info: dict[str, Any] = {"n_sentences": split.n_sentences, "splitter_fp": split.splitter_fp,
-                            "n_merged": split.n_merged, "label_idx": list(split.label_idx),
+                            "n_merged": split.n_merged, "n_isolated": split.n_isolated,
+                            "needle_match": [how for _, _, how in split.needle_spans],
+                            "depths": depths, "depth": depths[ctx["target"]],
+                            "label_idx": list(split.label_idx),
                             "target_idx": split.target_idx, "label_rank": None,
                             "target_rank": None, "k": k}
     fingerprint = (selection or {}).get("splitter_fp")
@@ -140,7 +165,9 @@ def given_text(ctx: Mapping, method: str, k: int | None = None, *,
         info["top_idx"] = top
     else:
         raise ValueError(f"unknown method {method!r}")
-    info.update(text_words=words(text), context_words=words(ctx["text"]),
+    info.update(text_words=words(text, ctx["lang"]),
+                context_words=words(ctx["text"], ctx["lang"]),
+                words_unit=count_units("", ctx["lang"])[1],
                 text_chars=len(text), context_chars=len(ctx["text"]))
     return text, info
 
@@ -180,7 +207,8 @@ def prompt_row(ctx: Mapping, setting: str, qlang: str, opts: Mapping, *,
             "labels": labels, "target_in_text": _found(ctx["gold"], text),
             "all_in_text": all(_found(label, text) for label in labels),
             "template_status": status, "prompt_variant": opts.get("prompt_variant", "paper"),
-            "order": opts.get("order", "score"), "join": opts.get("join", " "), **info}
+            "order": opts.get("order", "score"), "join": opts.get("join", " "),
+            "scoring": opts.get("scoring", "exact"), **info}
     return {**base, "prompt": head + text + tail, "meta": meta}
 
 

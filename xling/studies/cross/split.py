@@ -1,6 +1,8 @@
-"""Sentence splitting: NLTK's Punkt without the ``punkt_tab`` download (English parameters
-shipped in ``data/punkt_tab_english``, s2.1), each splitter named by a fingerprint, and a
-context's sentences with every needle kept inside one sentence."""
+"""Sentence splitting: the multilingual text layer (``xling.tasks.text``, the default) or, as
+compat settings, NLTK's Punkt without the ``punkt_tab`` download (English parameters shipped
+in ``data/punkt_tab_english``, s2.1, v1's choice for every language); each splitter named by
+a fingerprint; and a context's sentences with every needle kept inside one sentence (and,
+with the multilingual splitter, made a sentence of its own)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from xling.tasks import text as text_layer
 
 from .data import NUMBER_IN_TEXT
 from .paper import PUNKT_ENGLISH_DIR, SPLITTERS
@@ -28,18 +32,28 @@ class Sentence(NamedTuple):
 
 @dataclass(frozen=True, eq=False)
 class Splitter:
-    """A Punkt sentence splitter; ``fingerprint`` names it in results."""
+    """A sentence splitter; ``fingerprint`` names it in results. ``multilingual`` (no
+    tokenizer) segments with the text layer in the text's language and cuts each needle out
+    as a sentence of its own (``isolates_needles``); the Punkt kinds ignore the language."""
 
     kind: str
     sent_end_chars: tuple[str, ...]
     fingerprint: str
     tokenizer: Any = field(repr=False)
 
-    def spans(self, text: str) -> list[tuple[int, int]]:
+    @property
+    def isolates_needles(self) -> bool:
+        return self.kind == "multilingual"
+
+    def spans(self, text: str, lang: str | None = None) -> list[tuple[int, int]]:
+        if self.tokenizer is None:
+            if lang is None:
+                raise ValueError("the multilingual splitter needs the text's language")
+            return text_layer.sentence_spans(text, lang)
         return [(int(s), int(e)) for s, e in self.tokenizer.span_tokenize(text)]
 
-    def sentences(self, text: str) -> list[Sentence]:
-        return [Sentence(i, s, e, text[s:e]) for i, (s, e) in enumerate(self.spans(text))]
+    def sentences(self, text: str, lang: str | None = None) -> list[Sentence]:
+        return [Sentence(i, s, e, text[s:e]) for i, (s, e) in enumerate(self.spans(text, lang))]
 
 
 def _punkt_lines(name: str) -> list[str]:
@@ -72,6 +86,12 @@ def _params_digest(params) -> str:
 
 
 def _make_splitter(kind: str, extra: tuple[str, ...], train_text: str | None) -> Splitter:
+    if kind == "multilingual":
+        if extra:
+            raise ValueError("extra_terminators apply to the Punkt splitters; the multilingual "
+                             "splitter already ends sentences at every script's terminators")
+        return Splitter(kind, (), f"multilingual:{text_layer.fingerprint()}:isolate_needles",
+                        None)
     import nltk
     from nltk.tokenize.punkt import (PunktLanguageVars, PunktParameters,
                                      PunktSentenceTokenizer, PunktTrainer)
@@ -103,7 +123,7 @@ def _cached_splitter(kind: str, extra: tuple[str, ...]) -> Splitter:
     return _make_splitter(kind, extra, None)
 
 
-def make_splitter(kind: str = "punkt_english", extra_terminators: Iterable[str] = (),
+def make_splitter(kind: str = "multilingual", extra_terminators: Iterable[str] = (),
                   train_text: str | Iterable[str] | None = None) -> Splitter:
     """The study's splitter (see README.md). ``punkt_trained`` trains on ``train_text`` (a
     string or texts joined by blank lines); the others are cached."""
@@ -116,7 +136,7 @@ def make_splitter(kind: str = "punkt_english", extra_terminators: Iterable[str] 
 
 
 def splitter_for(opts: Mapping) -> Splitter:
-    return make_splitter(opts.get("splitter", "punkt_english"),
+    return make_splitter(opts.get("splitter", "multilingual"),
                          opts.get("extra_terminators") or ())
 
 
@@ -171,11 +191,39 @@ def protect_spans(spans: Sequence[tuple[int, int]],
     return spans, merges
 
 
+def isolate_spans(text: str, spans: Sequence[tuple[int, int]],
+                  needles: Iterable[tuple[int, int]]) -> tuple[list[tuple[int, int]], int]:
+    """Cut the sentence holding each needle (start, end) at the needle's edges, so that the
+    needle is a sentence of its own; returns the spans and the number of cuts. The builders
+    (v1 and V2) insert a needle at a sentence boundary, so its edges are boundaries even
+    where the text does not mark them (a needle without a full stop, scraped text)."""
+    out = [tuple(s) for s in spans]
+    cuts = 0
+    for start, end in sorted(needles):
+        if start < 0:
+            continue
+        i = next((j for j, (a, b) in enumerate(out) if a <= start and end <= b), None)
+        if i is None:
+            continue
+        a, b = out[i]
+        pieces = [(a, start), (start, end), (end, b)]
+        kept = [p for p in pieces if text[p[0]:p[1]].strip()]
+        trimmed = []
+        for p, q in kept:
+            chunk = text[p:q]
+            lead = len(chunk) - len(chunk.lstrip())
+            trimmed.append((p + lead, p + lead + len(chunk.strip())))
+        cuts += len(trimmed) - 1
+        out[i:i + 1] = trimmed
+    return out, cuts
+
+
 @dataclass(frozen=True)
 class ContextSplit:
     """A context's sentences: ``spans`` (start, end) in order (index = position in the list),
     ``label_idx`` (the sentence of each label), ``target_idx`` (of the gold label), the
-    needle spans, how many sentence merges protecting them took, and the splitter."""
+    needle spans, how many sentence merges protecting them took, how many cuts isolating
+    them took (multilingual splitter), and the splitter."""
 
     spans: tuple[tuple[int, int], ...]
     label_idx: tuple[int, ...]
@@ -183,6 +231,7 @@ class ContextSplit:
     needle_spans: tuple[tuple[int, int, str], ...]
     n_merged: int
     splitter_fp: str
+    n_isolated: int = 0
 
     @property
     def n_sentences(self) -> int:
@@ -197,7 +246,8 @@ _SPLIT_CACHE: dict[tuple, ContextSplit] = {}
 
 def context_split(ctx: Mapping, splitter: Splitter | None = None,
                   templates: Mapping | None = None) -> ContextSplit:
-    """Split a context (cached per splitter and text) with its needles kept whole."""
+    """Split a context (cached per splitter and text) with its needles kept whole (and cut
+    out as sentences of their own by the multilingual splitter)."""
     splitter = splitter or make_splitter()
     text = ctx["text"]
     key = (splitter.fingerprint, hashlib.sha1(text.encode("utf-8")).hexdigest(),
@@ -205,7 +255,12 @@ def context_split(ctx: Mapping, splitter: Splitter | None = None,
     if key in _SPLIT_CACHE:
         return _SPLIT_CACHE[key]
     needles = needle_spans(ctx, templates)
-    spans, merged = protect_spans(splitter.spans(text), [(s, e) for s, e, _ in needles])
+    spans, merged = protect_spans(splitter.spans(text, ctx["lang"]),
+                                  [(s, e) for s, e, _ in needles])
+    isolated = 0
+    if splitter.isolates_needles:  # only whole needle sentences: a bare label is no sentence
+        spans, isolated = isolate_spans(text, spans,
+                                        [(s, e) for s, e, how in needles if how == "template"])
     starts = [s for s, _ in spans]
 
     def sentence_of(pos: int) -> int:
@@ -214,7 +269,7 @@ def context_split(ctx: Mapping, splitter: Splitter | None = None,
     label_idx = tuple(sentence_of(s) if s >= 0 else -1 for s, _, _ in needles)
     target = ctx.get("target") if ctx.get("target") is not None else 0
     out = ContextSplit(tuple(spans), label_idx, label_idx[target] if label_idx else -1,
-                       tuple(needles), merged, splitter.fingerprint)
+                       tuple(needles), merged, splitter.fingerprint, isolated)
     if len(_SPLIT_CACHE) > 512:
         _SPLIT_CACHE.clear()
     _SPLIT_CACHE[key] = out

@@ -101,7 +101,7 @@ class CROSS(Narrowed):
         if errors:
             markdown += f"\n{errors} items had no usable prompt (counted as errors, not scored).\n"
         drawn = {"accuracy_by_length.png": lambda p: plot_accuracy(frame, "length", p),
-                 "accuracy_by_depth.png": lambda p: plot_accuracy(frame, "position", p),
+                 "accuracy_by_depth.png": lambda p: plot_accuracy(frame, "depth", p),
                  "failures.png": lambda p: plot_failures(frame, p)}
         if (frame["method"] == "cross").any():
             drawn["accuracy_by_k.png"] = lambda p: plot_accuracy(frame, "k", p)

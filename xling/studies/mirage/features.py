@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -18,6 +17,7 @@ from xling.studies.mirage.parse import (BRACKET, answer_parts, bracket_ids, cite
                                         first_paragraph, overlap_answer, parse_llm_score)
 from xling.studies.mirage.prompts import answer_overlap_prompt, fluency_prompt
 from xling.tasks import irmetrics
+from xling.tasks.text import sentences as text_sentences
 
 # the pointwise LLM judge's two prompt kinds -> the features they score (s3.7, s3.8)
 LLM_KINDS = {"score": "answer_overlap_score", "rating": "fluency_score"}
@@ -138,7 +138,9 @@ def language_features(probs: Mapping[str, float], lang: str, knobs: Knobs = Knob
 
 
 def _sentences(lang: str, text: str) -> list[str]:
-    return [s for s in re.split(r"(?<=[.!?。！？।])\s+", text) if s.strip()]
+    """The reason's sentences by the multilingual text layer (sentencex, the reference's own
+    fallback, plus rules for zh/ja/th and unspaced full stops; ``tasks.text.fingerprint()``)."""
+    return text_sentences(text, lang)
 
 
 def support_pairs(output: str, passages: Mapping[str, str], lang: str,

@@ -150,6 +150,11 @@ class Options(StudyOptions):
     surrogate: Literal[REGRESSORS] = Field(  # type: ignore[valid-type]
         "random_forest", description="the surrogate's regressor (Table 3's rows)")
     random_state: int = Field(0, description="the regressors' seed (seeds: fixed)")
+    language_id: Literal["lingua", "langid"] = Field(
+        "lingua", description="features 1-2's detector (xling/tasks/text.py LanguageID): "
+        "lingua over the 18 languages (default), or langid (compat: langid.py, the tool the "
+        "paper names, P L94, L343, normalized probabilities over its 97 languages; it has no "
+        "Yoruba model, so yo answers become error rows). The reference code used langdetect")
     answer_parts: Compat = _compat_field(
         "reference: the dump's Reason/Answer regexes, first paragraph, every ## and : removed; "
         "fixed: ##Reason:/##Answer: markers, whole parts")
