@@ -2,10 +2,13 @@
 
 The actor holds one query embedder (`actors.embedder.make_embedder`: BGE-M3) and, per index
 location, the embedding shards loaded once (a few locations cached per actor). Each query
-row names its partitions (index locations); for each, every shard is searched exactly (FAISS
-flat inner product, or the weighted dense + sparse + ColBERT hybrid of BGE-M3 scored against
-every document of the shard) and the per-shard top-k lists are merged exactly
-(`actors.dense_search`); partitions are then merged per query (`actors.hits`).
+row names its partitions (index locations); for each, the batch's dense-only queries are
+searched together in one exact search over all the location's shards at once (one
+`dense_search.FlatIndex`, built when the location is loaded: the exact top-k of the union
+is what merging the shards' exact top-k lists gives, without the merge); a hybrid query
+(weighted dense + sparse + ColBERT of BGE-M3, scored against every document) is scored shard
+by shard and the per-shard top-k lists merged exactly (`actors.dense_search`). Partitions
+are then merged per query (`actors.hits`).
 """
 
 from __future__ import annotations
@@ -57,16 +60,27 @@ class DenseRetriever:
                                                        "text_column": "text"})
         return self.embedders[key]
 
-    def shards(self, location: str) -> list[dict]:
+    def index(self, location: str) -> dict:
+        """The location's shards (`shards`, for the hybrid score) and one FlatIndex over all
+        of them (`flat`), loaded and built once (the max_open last used are kept)."""
         if location not in self.indexes:
+            from xling.actors.dense_search import FlatIndex
+
             if len(self.indexes) >= self.max_open:
                 self.indexes.popitem(last=False)
-            self.indexes[location] = [_arrays(t) for t in self.load(location) if t.num_rows]
+            shards = [_arrays(t) for t in self.load(location) if t.num_rows]
+            # One matrix for the location; the shards' matrices become views of it.
+            dense = np.concatenate([sh["dense"] for sh in shards]) if shards else None
+            start = 0
+            for sh in shards:
+                sh["dense"], start = dense[start:start + len(sh["ids"])], start + len(sh["ids"])
+            flat = FlatIndex([d for sh in shards for d in sh["ids"]], dense) if shards else None
+            self.indexes[location] = {"shards": shards, "flat": flat}
         self.indexes.move_to_end(location)
         return self.indexes[location]
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from xling.actors.dense_search import hybrid_topk, merge_topk, search_shard
+        from xling.actors.dense_search import hybrid_topk, merge_topk
         from xling.actors.hits import hits_rows, merge_partitions
 
         n = batch.num_rows
@@ -94,30 +108,29 @@ class DenseRetriever:
                 todo.setdefault(key, []).append((i, j))
         for (location, plang), rows in todo.items():
             try:
-                shards = self.shards(location)
+                index = self.index(location)
             except Exception as e:  # an unreadable index: its queries are error rows
                 for i, _ in rows:
                     errors[i] = f"cannot load dense index {location}: {type(e).__name__}: {e}"
                 continue
-            # Dense-only queries are searched together, one FAISS call per shard; each
-            # (query, document) score is the same whatever else is in the call.
+            # Dense-only queries are searched together, in one search over all the shards;
+            # each (query, document) score is the same whatever else is in the call.
             dense, hybrid = [], []
             for i, j in rows:
                 (hybrid if weights[i]["sparse"] or weights[i]["colbert"] else dense).append((i, j))
             groups = ([(dense, False)] if dense else []) + [([r], True) for r in hybrid]
             for group, is_hybrid in groups:
                 qs = [i for i, _ in group]
-                if is_hybrid:
-                    parts = [hybrid_topk(_one(q, qs[0]), sh, weights[qs[0]], self.k)
-                             for sh in shards]
-                else:
-                    parts = [search_shard(q["dense"][qs], sh["ids"], sh["dense"], self.k)
-                             for sh in shards]
-                if not parts:
+                if not index["shards"]:
                     for i, j in group:
                         found[i][j] = []
                     continue
-                scores, ids = merge_topk(parts, self.k)
+                if is_hybrid:
+                    scores, ids = merge_topk([hybrid_topk(_one(q, qs[0]), sh, weights[qs[0]],
+                                                          self.k) for sh in index["shards"]],
+                                             self.k)
+                else:
+                    scores, ids = index["flat"].search(q["dense"][qs], self.k)
                 for r, (i, j) in enumerate(group):
                     found[i][j] = [(d, float(s), plang) for s, d in zip(scores[r], ids[r])]
         drop = {"text", "error", "partitions", "analyzers", "partition_langs",
@@ -132,15 +145,7 @@ def _arrays(t: pa.Table, keep_nulls: bool = False) -> dict:
     """Embedding table -> numpy arrays (dense matrix; sparse dicts; ColBERT matrices)."""
     if not keep_nulls and "error" in t.column_names:
         t = t.filter(pa.compute.is_null(t["error"]))
-    dense = t["dense"]
-    dim = dense.type.list_size if pa.types.is_fixed_size_list(dense.type) else None
-    rows = dense.to_pylist()
-    dim = dim or next((len(r) for r in rows if r is not None), 0)
-    mat = np.zeros((len(rows), dim), dtype=np.float32)
-    for j, r in enumerate(rows):
-        if r is not None:
-            mat[j] = r
-    out = {"ids": t["doc_id"].to_pylist(), "dense": mat}
+    out = {"ids": t["doc_id"].to_pylist(), "dense": _matrix(t["dense"])}
     if "sparse_ids" in t.column_names:
         out["sparse"] = [dict(zip(a or [], w or [])) for a, w in
                          zip(t["sparse_ids"].to_pylist(), t["sparse_weights"].to_pylist())]
@@ -148,6 +153,24 @@ def _arrays(t: pa.Table, keep_nulls: bool = False) -> dict:
         out["colbert"] = [None if v is None else np.asarray(v, np.float32).reshape(l, -1)
                           for v, l in zip(t["colbert"].to_pylist(), t["colbert_len"].to_pylist())]
     return out
+
+
+def _matrix(column) -> np.ndarray:
+    """A (fixed-size) list<float> column of equal-length vectors -> a [rows, dim] float32
+    matrix, a null row as zeros; through Arrow's buffers, not one Python list per row."""
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    valid = col.is_valid().to_numpy(zero_copy_only=False)
+    values = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    if pa.types.is_fixed_size_list(col.type):
+        dim = col.type.list_size
+    else:
+        lengths = pa.compute.list_value_length(col).drop_null().to_numpy(zero_copy_only=False)
+        dim = int(lengths[0]) if len(lengths) else 0
+        if (lengths != dim).any():
+            raise ValueError(f"dense vectors of different lengths {sorted(set(lengths.tolist()))}")
+    mat = np.zeros((len(col), dim), dtype=np.float32)
+    mat[valid] = values.reshape(-1, dim) if dim else values.reshape(int(valid.sum()), 0)
+    return mat
 
 
 def _one(q: dict, i: int) -> dict:
