@@ -39,9 +39,10 @@ def print_stats(runner) -> None:
 
 def print_ratios(unit: str, bare_steady: float, bare_whole: float, x: dict,
                  bare_startup: float = 0.0) -> None:
+    # The whole run first: it is what a user waits for. Steady state is a diagnostic.
     print(f"{'':22s} {'bare':>12s} {'xling':>12s} {'ratio':>7s}")
-    print(f"{'steady ' + unit:22s} {bare_steady:12.1f} {x['steady']:12.1f} "
-          f"{x['steady'] / bare_steady if bare_steady else 0:7.2f}")
     print(f"{'whole run ' + unit:22s} {bare_whole:12.1f} {x['whole']:12.1f} "
           f"{x['whole'] / bare_whole if bare_whole else 0:7.2f}")
+    print(f"{'steady ' + unit:22s} {bare_steady:12.1f} {x['steady']:12.1f} "
+          f"{x['steady'] / bare_steady if bare_steady else 0:7.2f}")
     print(f"{'start-up s':22s} {bare_startup:12.1f} {x['startup']:12.1f}")

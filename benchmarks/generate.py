@@ -4,17 +4,22 @@ Prompts: questions made from the real Mr.TyDi passages in data/demo ("Summarise 
 sentence: <passage sentence>"), repeated under new ids up to --prompts, as chat prompts.
 
 Bare engine: one `vllm.LLM` in this process, the prompts through the chat template and one
-`generate` call per `--batch-size` prompts, as xling's actor calls it.
+`generate` call over all of them, which is how vLLM's docs run offline batch work: the engine
+schedules its own continuous batching, so every slot stays busy until the last request.
+
+Output lengths are mixed, as real answers are: sampling at temperature 1 (a seed per prompt,
+the same on both sides) with max_tokens 256, so each answer ends at its own end-of-sequence
+token or at the limit. With greedy decoding the tiny model never stops early.
 
 xling: the whole `generate` stage (`xling generate`, local Ray): partitioning into shards,
 the generator actor (vLLM in a Ray actor, prompts tokenized and length-checked by xling,
 the cache lookup and write), ordered streaming, Parquet commits and manifests.
 
-Same model, dtype, max_model_len, greedy sampling and max_tokens on both sides. Reported
-(benchmarks/common.py): prompts/s at steady state (after each side's first call; xling's
-from the manifest's `stream` timings) and over the whole run, with start-up broken out.
+Same model, dtype, max_model_len, sampling, seeds and max_tokens on both sides; the output
+token counts must agree. Reported (benchmarks/common.py): prompts/s over the whole run
+first, with start-up broken out, and the steady state as a diagnostic.
 
-    .venv/bin/python benchmarks/generate.py --prompts 512 --max-tokens 64
+    .venv/bin/python benchmarks/generate.py
     python benchmarks/generate.py --model Qwen/Qwen2.5-7B-Instruct --prompts 5000 \
         --max-tokens 256 --dtype auto --max-model-len 4096 --num-gpus 1
 """
@@ -56,6 +61,7 @@ def chat_ids(tok, text: str) -> list[int]:
 def bare(args, texts: list[str]) -> dict:
     from vllm import LLM, SamplingParams
 
+    from xling.actors.llm import request_seed
     from xling.core.models import resolve_model
 
     t0 = time.perf_counter()
@@ -63,15 +69,12 @@ def bare(args, texts: list[str]) -> dict:
               enforce_eager=args.enforce_eager, seed=0, gpu_memory_utilization=args.gpu_memory)
     load = time.perf_counter() - t0
     tok = llm.get_tokenizer()
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, seed=0)
-    # Fed as xling's actor is fed: one generate() call per `batch_size` prompts.
+    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                             seed=request_seed(0, t)) for t in texts]
     t0 = time.perf_counter()
-    tokens = 0
-    for lo in range(0, len(texts), args.batch_size):
-        part = texts[lo:lo + args.batch_size]
-        ids = [{"prompt_token_ids": chat_ids(tok, t)} for t in part]
-        res = llm.generate(ids, params, use_tqdm=False)
-        tokens += sum(len(r.outputs[0].token_ids) for r in res)
+    ids = [{"prompt_token_ids": chat_ids(tok, t)} for t in texts]
+    res = llm.generate(ids, params, use_tqdm=False)
+    tokens = sum(len(r.outputs[0].token_ids) for r in res)
     wall = time.perf_counter() - t0
     n = len(texts)
     return {"load_s": load, "s": wall, "tokens": tokens, "whole": n / (wall + load),
@@ -88,7 +91,8 @@ def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
     cfg.write_text(json.dumps({
         "name": f"bench-{label}", "run_root": str(tmp / f"run-{label}"),
         "ray": {"num_cpus": os.cpu_count()},
-        "generate": {"sampling": {"max_tokens": args.max_tokens}, "shards": args.shards,
+        "generate": {"sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                                  "seed": 0}, "shards": args.shards,
                      "prompts": [{"name": "bench", "path": str(tmp / f"{label}.jsonl")}],
                      "models": [{"name": "m", "model": args.model, "dtype": args.dtype,
                                  "max_model_len": args.max_model_len,
@@ -115,14 +119,16 @@ def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny:llama_chat")
-    ap.add_argument("--prompts", type=int, default=512)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=4096)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="1.0: answers end at their own length (0: every answer runs to max)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--enforce-eager", action="store_true", default=None)
     ap.add_argument("--gpu-memory", type=float, default=0.9)
     ap.add_argument("--num-gpus", type=float, default=0)
-    ap.add_argument("--batch-size", type=int, default=256, help="prompts per actor call")
+    ap.add_argument("--batch-size", type=int, default=64, help="xling: prompts per actor call")
     ap.add_argument("--shards", type=int, default=4)
     args = ap.parse_args()
     gpu = args.num_gpus > 0
@@ -137,7 +143,8 @@ def main() -> None:
         x = xling(args, texts, Path(tmp), "all")
         b = bare(args, texts)
     print(f"\nmodel {args.model}, {args.prompts} prompts, max_tokens {args.max_tokens}, "
-          f"{'GPU' if gpu else 'CPU'}, {args.batch_size} prompts per call on both sides")
+          f"temperature {args.temperature}, {'GPU' if gpu else 'CPU'}; bare: one generate() "
+          f"over all prompts; xling: {args.batch_size} prompts per actor call")
     print(f"output tokens: bare {b['tokens']}, xling {x['tokens']}; bare load "
           f"{b['load_s']:.1f} s + generate {b['s']:.1f} s; xling run {x['s']:.1f} s "
           f"(Ray start included)")

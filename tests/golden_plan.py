@@ -13,7 +13,6 @@ after, so equal ids mean the code plans the same cells.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 

@@ -47,7 +47,7 @@ def shuffled_run(qrels, depth=100, seed=0, limit=None) -> list[Candidates]:
     return out
 
 
-def as_run(results, system) -> "pa.Table":
+def as_run(results, system):
     return hits_table({r.query_id: {d: float(len(r.doc_ids) - k) for k, d in enumerate(r.doc_ids)}
                        for r in results}, system=system)
 

