@@ -133,29 +133,21 @@ def cache_dir(model: str) -> str:
 class CachedEngine:
     """An engine whose successful completions are stored and reused (see module doc)."""
 
-    def __init__(self, spec: dict, store: RunStore | None, name: str, *, load: bool = True):
-        """load: start the engine now (an actor's __init__, so that its start-up overlaps
-        the pipeline's reading); else on the first cache miss."""
+    def __init__(self, spec: dict, store: RunStore | None, name: str):
+        """Starts the engine (in an actor's __init__, so that its start-up overlaps the
+        pipeline's reading)."""
         self.spec, self.store = spec, store
         self.model = name
         # Taken from the config, not the loaded engine, so a fully cached call never needs it.
         self.settings = {k: spec.get(k) for k in spec_class(spec["backend"]).CACHE_KEYS}
         self.rel_dir = cache_dir(self.model)
-        self._engine: LLMEngine | None = None
         self.known: dict[str, dict] = {}
         if store is not None:
             files = [f for f in store.list(self.rel_dir) if f.endswith(".parquet")]
             if files:
                 for row in store.read_parquet(files).to_pylist():
                     self.known[row["key"]] = row
-        if load:
-            self.engine  # noqa: B018 (starts it)
-
-    @property
-    def engine(self) -> LLMEngine:
-        if self._engine is None:
-            self._engine = make_engine(self.spec)
-        return self._engine
+        self.engine: LLMEngine = make_engine(spec)
 
     def key(self, prompt: Prompt, sampling: Sampling, options: dict) -> str:
         return cache_key(self.model, {**self.settings, **options}, sampling, prompt)
