@@ -102,6 +102,8 @@ def test_a_local_ray_that_times_out_starting_is_started_again(monkeypatch, tmp_p
     monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
     init_ray(cfg, None, logging.WARNING)
     assert len(calls) == 3 and calls[1] == "shutdown" and calls[2]["num_cpus"] == cfg.ray.num_cpus
+    # idle workers are kept for reuse (test_runner.py checks it on a real node)
+    assert calls[2]["_system_config"]["idle_worker_killing_time_threshold_ms"] == 60_000
 
     calls.clear()
     monkeypatch.setattr(ray, "init", lambda **kw: (_ for _ in ()).throw(RuntimeError("bad")))

@@ -351,3 +351,23 @@ def test_groups_that_do_not_fit_queue(ray_local, tmp_path):
     runner.run(TwoPoolStage(ROWS[:12], str(log_dir), half), None)
     assert runner.concurrent_groups == 1
     assert set(_lifetimes(log_dir)) == {"first", "second"}
+
+
+def test_idle_workers_are_kept_for_the_next_tasks(ray_local):
+    """The node keeps idle workers (core/runtime.py worker_reuse): zero-CPU tasks, more of
+    them than the node has CPUs, run again after Ray's default 1 s idle timeout on the same
+    worker processes instead of new ones."""
+    import os
+    import time
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def pid(wait: float) -> int:
+        time.sleep(wait)
+        return os.getpid()
+
+    first = set(ray.get([pid.remote(1.0) for _ in range(6)]))
+    time.sleep(3)
+    second = set(ray.get([pid.remote(1.0) for _ in range(6)]))
+    assert len(first) == 6 and second == first

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xling.core.runtime import patient_node_lookup
+from xling.core.runtime import patient_node_lookup, worker_reuse
 from xling.dev.devstore import port_free
 
 __all__ = ["LocalCluster", "LocalClusterError", "loopback_env", "pin_ray_to_loopback", "start_local_cluster", "main"]
@@ -290,7 +290,8 @@ def _start_local_cluster(*, num_workers: int, cpus_per_node: int, tmp_root: Path
         fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))  # what `ray get-auth-token --generate` writes
-    env = _node_env(cluster_id, loopback, {**_auth_env(auth, tmp_root), **(extra_env or {})})
+    env = _node_env(cluster_id, loopback, {**_auth_env(auth, tmp_root), **(extra_env or {})},
+                    cpus_per_node)
     cluster = LocalCluster(address="", dashboard_url=f"http://127.0.0.1:{dashboard_port}", tmp_root=tmp_root,
                            cluster_id=cluster_id, loopback=loopback, auth=auth, short_root=short_root)
     try:
@@ -351,7 +352,8 @@ def _auth_env(auth: str, tmp_root: Path) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "disabled"}
 
 
-def _node_env(cluster_id: str, loopback: bool, extra: dict[str, str] | None) -> dict[str, str]:
+def _node_env(cluster_id: str, loopback: bool, extra: dict[str, str] | None,
+              cpus_per_node: int) -> dict[str, str]:
     env = dict(os.environ)
     # A caller's RAY_ADDRESS (say, of another cluster) must not leak into our nodes or the
     # drivers they start; jobs get theirs from the job supervisor. Same for another
@@ -363,6 +365,7 @@ def _node_env(cluster_id: str, loopback: bool, extra: dict[str, str] | None) -> 
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env[MARKER] = cluster_id
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env.update({f"RAY_{k}": str(v) for k, v in worker_reuse(cpus_per_node).items()})
     if loopback:
         env.update(loopback_env())
     env.update(extra or {})
