@@ -1,57 +1,30 @@
-"""A real two-node Ray cluster on this machine: `ray start` x2, `ray status`, `ray job submit`."""
+"""A real two-node Ray cluster on this machine (`ray start` x2, xling.dev.localcluster, the same
+code as cluster/local-ray-cluster.sh): `ray status`, loopback-only listeners, the dashboard's
+token, and a stage submitted with `ray job submit`.
+
+The job uploads the repository as its working dir, with the repository's runtime_env file as
+on a real cluster, and runs `xling ingest`; its actor pool is sized so that one actor fits
+per node, and the cluster's state API must show the job's DocumentStats actors, and batches
+they finished, on both nodes. Then the cluster stops and leaves no process behind.
+"""
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 import time
-import textwrap
 from pathlib import Path
 import urllib.error
 import urllib.request
 
 import pytest
 
+from xling.core.store import RunStore
 from xling.dev.localcluster import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, ray_bin, start_local_cluster
 
 
 ROOT = Path(__file__).resolve().parents[2]
-
-JOB = textwrap.dedent(
-    f"""
-    import ray
-
-    ray.init()  # RAY_ADDRESS comes from the job supervisor
-
-    @ray.remote(num_cpus=0)
-    def where():
-        return ray.get_runtime_context().get_node_id()
-
-    # Pinned by the custom resources each node was started with...
-    on_head = ray.get(where.options(resources={{"{HEAD_RESOURCE}": 0.01}}).remote())
-    on_worker = ray.get(where.options(resources={{"{WORKER_RESOURCE}": 0.01}}).remote())
-    # ...and by a STRICT_SPREAD placement group: one bundle per node, whatever the load
-    # (a plain SPREAD strategy is best effort and may pack short tasks on one node).
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    pg = placement_group([{{"CPU": 1}}, {{"CPU": 1}}], strategy="STRICT_SPREAD")
-    ray.get(pg.ready(), timeout=120)
-    spread = set(ray.get([
-        where.options(num_cpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(
-            pg, placement_group_bundle_index=i)).remote()
-        for i in range(2)]))
-    print("NODES", len(ray.nodes()))
-    print("ON_HEAD", on_head)
-    print("ON_WORKER", on_worker)
-    print("SPREAD", " ".join(sorted(spread)))
-    """
-)
-
-
-def _line(out: str, tag: str) -> list[str]:
-    for line in out.splitlines():
-        if line.startswith(tag + " "):
-            return line.split()[1:]
-    raise AssertionError(f"no {tag} line in job output:\n{out[-3000:]}")
 
 
 def _listening_addresses(cluster: LocalCluster) -> set[str]:
@@ -65,26 +38,30 @@ def _listening_addresses(cluster: LocalCluster) -> set[str]:
     return {c.laddr.ip for c in conns if c.pid in pids and c.status == psutil.CONN_LISTEN}
 
 
-def test_two_nodes_job_submit_and_clean_stop(tmp_path):
-    cluster = start_local_cluster(num_workers=1, cpus_per_node=1, tmp_root=tmp_path / "cluster")
+def _ray_status(cluster: LocalCluster, node_ids: list[str]) -> str:
+    """`ray status` reads the autoscaler's report, which trails the GCS node table by a few
+    seconds on a busy machine: poll it rather than read it once."""
+    deadline = time.time() + 60
+    while True:
+        status = subprocess.run([ray_bin(), "status", "--address", cluster.address],
+                                env=cluster.client_env(), capture_output=True, text=True,
+                                timeout=120)
+        assert status.returncode == 0, status.stderr[-3000:]
+        if all(f"node_{n}" in status.stdout for n in node_ids) or time.time() > deadline:
+            return status.stdout
+        time.sleep(2)
+
+
+def test_two_nodes_job_submit_and_clean_stop(tmp_path, tiny_models):
+    venv_bin = str(Path(sys.executable).parent)
+    cluster = start_local_cluster(num_workers=1, cpus_per_node=3, tmp_root=tmp_path / "cluster",
+                                  extra_env={"PATH": f"{venv_bin}:{os.environ['PATH']}"})
     try:
         node_ids = cluster.alive_node_ids()
         assert len(node_ids) == 2
-
-        # `ray status` reads the autoscaler's report, which trails the GCS node table by a
-        # few seconds on a busy machine: poll it rather than read it once.
-        deadline = time.time() + 60
-        while True:
-            status = subprocess.run([ray_bin(), "status", "--address", cluster.address],
-                                    env=cluster.client_env(), capture_output=True, text=True,
-                                    timeout=120)
-            assert status.returncode == 0, status.stderr[-3000:]
-            seen = sum(f"node_{n}" in status.stdout for n in node_ids)
-            if seen == 2 or time.time() > deadline:
-                break
-            time.sleep(2)
-        assert seen == 2, status.stdout
-        assert "2.0 CPU" in status.stdout and WORKER_RESOURCE in status.stdout
+        status = _ray_status(cluster, node_ids)
+        assert all(f"node_{n}" in status for n in node_ids), status
+        assert "6.0 CPU" in status and HEAD_RESOURCE in status and WORKER_RESOURCE in status
 
         # Loopback only, and the dashboard API wants this cluster's token.
         addresses = _listening_addresses(cluster)
@@ -93,22 +70,40 @@ def test_two_nodes_job_submit_and_clean_stop(tmp_path):
             urllib.request.urlopen(f"{cluster.dashboard_url}/api/v0/nodes", timeout=10)
         assert e.value.code in (401, 403)
 
-        job_dir = tmp_path / "job"
-        job_dir.mkdir()
-        (job_dir / "where.py").write_text(JOB)
+        run_root = tmp_path / "run"
         res = subprocess.run(
-            # The repository's runtime_env file, as on a real cluster; --working-dir wins over
-            # its working_dir, so this also checks the file is one Ray accepts.
+            # --working-dir wins over the file's working_dir, so this also checks that the
+            # repository's runtime_env file (its excludes) is one Ray accepts.
             [ray_bin(), "job", "submit", "--address", cluster.dashboard_url,
-             "--runtime-env", str(ROOT / "cluster" / "runtime_env.yaml"), "--working-dir", str(job_dir),
-             "--", "python", "where.py"],
-            env=cluster.client_env(), capture_output=True, text=True, timeout=300)
+             "--runtime-env", str(ROOT / "cluster" / "runtime_env.yaml"),
+             "--working-dir", str(ROOT),
+             "--", "xling", "ingest", "--config", "configs/demo.yaml", "--no-progress",
+             f"run_root={run_root}", f"ingest.tokenizer={tiny_models['nllb_hf']}",
+             "ingest.corpora.0.langs=[fi,sw,ru]", "ingest.parallel.concurrency=[2,2]",
+             "ingest.parallel.num_cpus=2", "ingest.parallel.batch_size=1"],
+            env=cluster.client_env(), capture_output=True, text=True, timeout=600)
         out = res.stdout + res.stderr
-        assert res.returncode == 0, out[-3000:]
-        assert _line(out, "NODES") == ["2"]
-        on_head, on_worker = _line(out, "ON_HEAD")[0], _line(out, "ON_WORKER")[0]
-        assert {on_head, on_worker} == set(node_ids)
-        assert set(_line(out, "SPREAD")) == set(node_ids)
+        assert res.returncode == 0, out[-4000:]
+        assert "succeeded" in out.lower()
+
+        store = RunStore(str(run_root))
+        rows = [store.read_json(p) for p in store.list("ingest") if p.endswith("_manifest.json")]
+        assert sorted(m["key"]["lang"] for m in rows) == ["fi", "ru", "ru", "sw"]
+        assert all(m["errors"] == 0 and m["rows"] > 0 for m in rows)
+
+        def state(kind):
+            url = f"{cluster.dashboard_url}/api/v0/{kind}?limit=10000&detail=true"
+            req = urllib.request.Request(url, headers=cluster.http_headers())
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.load(r)["data"]["result"]["result"]
+
+        both = set(node_ids)
+        actors = [a for a in state("actors") if "DocumentStats" in a.get("class_name", "")]
+        assert {a["node_id"] for a in actors} == both, actors
+        # And each of them did work: finished DocumentStats batches ran on both nodes.
+        calls = [t for t in state("tasks") if "DocumentStats" in (t.get("name") or "")
+                 and t.get("state") == "FINISHED" and t.get("type") == "ACTOR_TASK"]
+        assert {t["node_id"] for t in calls} == both, calls
     finally:
         stopped = cluster.stop()
     assert stopped > 0
