@@ -8,13 +8,13 @@ from the fixture Parquet in the hub layouts, without generate, features or arena
 The formulas (BT against choix and sklearn, R², tau, citation MAP against pytrec_eval,
 BLEU against sacrebleu) are checked in test_mirage_tasks.py; here the point is that the
 stages compose into the paper's leaderboards, failures are counted rows, and a repeated
-run asks nothing twice. (A run killed in the features stage and in the arena, resumed:
-tests/faults/test_stage_kills.py.)
+run killed in the features stage and in the arena, resumed, asks nothing twice.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -25,10 +25,12 @@ from helpers import (
     STRENGTH,
     generator_reply,
     judge_reply,
+    kill_after_commits,
     manifests,
     mirage_metric_map,
     mirage_overrides,
     ok,
+    xling,
 )
 from llm_server import LLMServer
 from xling.core.runner import read_cell
@@ -37,16 +39,32 @@ from xling.core.store import RunStore
 ROOT = Path(__file__).resolve().parents[2]
 
 def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
+    """The study from its config, with the driver SIGKILLed twice on the way: once while the
+    features stage commits and once while the arena (judge stage) commits, each time rerun.
+    No LLM prompt is asked twice (the server counts each (model, prompt)), every scored row
+    and judgment is there exactly once, and the leaderboards come out."""
     if "nli_deberta" not in tiny_models or "xlmr_reranker" not in tiny_models:
         pytest.skip("tiny NLI / reranker models not built (xling models tiny)")
     run_root = f"s3://xling-test/mirage-{int(time.time() * 1000)}"
     cfg = tmp_path / "m.yaml"
     cfg.write_text((ROOT / "configs/mirage.yaml").read_text())
-    with LLMServer(models=(*STRENGTH, "pointwise", "arena")) as server:
+    store = RunStore(run_root)
+    with LLMServer(models=(*STRENGTH, "pointwise", "arena"), delay_s=0.01) as server:
         server.reply_fn = lambda prompt, model: (
             generator_reply(prompt, model) if model in STRENGTH else judge_reply(prompt, model))
-        out = ok("run", "--config", str(cfg), *mirage_overrides(run_root, server.url))
-        store = RunStore(run_root)
+        args = ["run", "--config", str(cfg), *mirage_overrides(run_root, server.url),
+                "features.shards=4", "judge.shards=4"]
+        slow = {"XLING_FAULT_COMMIT_DELAY": "0.7"}  # so that the kills land mid-stage
+        for stage, cells in (("features", 2 * 5), ("judge", 2)):
+            proc = xling(*args, "--no-progress", env=slow, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+            # the first run generates with the tiny vLLM model before its features start
+            kill_after_commits(proc, store, stage, n=1, timeout=600)
+            committed = sum("/_shards/" in rel for rel in store.list(stage))
+            assert 1 <= committed < cells * 4, "the kill should land mid-stage"
+        out = ok(*args)
+        asked = {k: n for k, n in server.seen.items() if k[0] in ("pointwise", "arena")}
+        assert asked and max(asked.values()) == 1, "an LLM prompt was asked twice"
         # 2 languages x 4 models
         assert len(manifests(store, "generate")) == 8
         feats = manifests(store, "features")
@@ -97,10 +115,9 @@ def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
         assert store.read_bytes(f"{ev['dir']}/_plots/leaderboard.png")[:4] == b"\x89PNG"
         assert "## Results" in out and "MIRAGE-Bench" in store.read_bytes(
             "report/summary.md").decode()
-        # A rerun asks nothing: every cell is done; the server sees no new call (a killed
-        # run's rerun: tests/faults/test_stage_kills.py).
+        # A rerun asks nothing: every cell is done; the server sees no new call.
         calls = sum(server.calls.values())
-        again = ok("run", "--config", str(cfg), *mirage_overrides(run_root, server.url))
+        again = ok(*args)
         assert sum(server.calls.values()) == calls, "a rerun asked the LLMs again"
         assert "skipped" in again
 

@@ -1,8 +1,8 @@
 """Fault test: SIGKILL the driver of a multi-shard stage mid-run, rerun, and check the output.
 
-Runs the real `xling ingest` CLI (local Ray, the tiny NLLB tokenizer, sentencex) on a corpus
-made from the real Mr.TyDi passages in data/demo, once with a local run root and once with
-the run root on the SeaweedFS S3 server. The final output must hold exactly the input's
+Runs the real `xling ingest` CLI (the tiny NLLB tokenizer, sentencex) on a corpus made from
+the real Mr.TyDi passages in data/demo, with the run root on the SeaweedFS S3 server (a
+local run root: the translate, index, generate and narrow kills in test_stage_kills.py). The final output must hold exactly the input's
 record ids, and the shards committed before the kill must not be recomputed: their markers
 (run id, commit time) are unchanged after the rerun.
 """
@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from helpers import ROOT, kill_after_commits, markers, sentence_corpus, xling
 from xling.core.runner import read_cell
@@ -47,17 +46,8 @@ ingest:
     return cfg
 
 
-@pytest.fixture(params=["local", "s3"])
-def run_root(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "run")
-    s3 = request.getfixturevalue("s3_server")
-    for k, v in s3.env().items():
-        request.getfixturevalue("monkeypatch").setenv(k, v)
-    return f"s3://xling-test/resume-{os.getpid()}-{int(time.time() * 1000)}"
-
-
-def test_sigkill_mid_run_then_resume(tmp_path, run_root, tiny_models):
+def test_sigkill_mid_run_then_resume_on_s3(tmp_path, s3_env, tiny_models):
+    run_root = f"s3://xling-test/resume-{os.getpid()}-{int(time.time() * 1000)}"
     ids = sentence_corpus(tmp_path / "sentences.jsonl")
     cfg = write_config(tmp_path, run_root)
     store = RunStore(run_root)

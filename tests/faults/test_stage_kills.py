@@ -18,13 +18,11 @@ group goes with it, its local Ray included, as a lost node would.
   the uncommitted shards' rows generated before the kill come from the cache;
 - narrow (CROSS, tiny BGE-M3): killed after the first committed shard; no sentence or query
   is embedded twice (each text is in the embedding cache once) and every cell's rows are
-  there once;
-- MIRAGE-Bench (run root on S3): killed in the features stage, rerun and killed in the arena
-  (judge stage), rerun to the end: no LLM prompt is asked twice, every scored row and
-  judgment is there once, and the leaderboard comes out.
+  there once.
 
-The same stages' other behaviour is checked in e2e/ (test_translate, test_llm_stages,
-test_cross_study, test_mirage_study) and integration/test_bm25.py.
+MIRAGE-Bench's run, killed in the features stage and in the arena and resumed, is its end-to-
+end test (e2e/test_mirage_study.py). The same stages' other behaviour is checked in e2e/
+(test_translate, test_llm_stages, test_cross_study) and integration/test_bm25.py.
 """
 
 from __future__ import annotations
@@ -43,19 +41,13 @@ import pyarrow.compute as pc
 
 from helpers import (
     CROSS_CONFIG,
-    STRENGTH,
     VLLM,
     cache_rows,
     collection,
     contents,
     generate_cell,
-    generator_reply,
-    judge_reply,
     kill_after_commits,
-    manifests,
     markers,
-    mirage_metric_map,
-    mirage_overrides,
     narrow_cells,
     ok,
     queries,
@@ -65,7 +57,6 @@ from helpers import (
     translate_cells,
     xling,
 )
-from llm_server import LLMServer
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 
@@ -269,44 +260,3 @@ def test_killed_narrowing_resumes_without_embedding_twice(tmp_path):
         dup = [k for k, c in Counter(keys).items() if c > 1]
         assert not dup, f"{len(dup)} texts embedded twice"
         assert len(keys) == m["rows"]
-
-
-# --- MIRAGE-Bench: features and arena -------------------------------------------------------
-
-
-def test_mirage_killed_in_features_and_arena_resumes(tmp_path, s3_env):
-    """SIGKILL the driver while the features stage commits, rerun, SIGKILL it while the arena
-    commits, rerun to the end: no LLM prompt is ever asked twice (the server counts each
-    (model, prompt)), and every scored row and judgment is there exactly once."""
-    run_root = f"s3://xling-test/mirage-kill-{int(time.time() * 1000)}"
-    store = RunStore(run_root)
-    cheap = ("[citation_MAP@10, citation_Recall@10, answer_bleu, answer_rougeL, "
-             "answer_overlap_score, fluency_score]")  # the lexical and LLM scorers only
-    with LLMServer(models=(*STRENGTH, "pointwise", "arena"), delay_s=0.01) as server:
-        server.reply_fn = lambda prompt, model: (
-            generator_reply(prompt, model) if model in STRENGTH else judge_reply(prompt, model))
-        args = [a for a in mirage_overrides(run_root, server.url)
-                if not a.startswith(("generate.models", "features.nli", "features.reranker"))]
-        api = ", ".join("{name: %s, backend: openai, model: %s, base_url: '%s', "
-                        "api_key_env: null}" % (m, m, server.url) for m in STRENGTH)
-        args += [f"generate.models=[{api}]", f"study.options.features={cheap}",
-                 "features.shards=4", "judge.shards=4"]
-        cmd = ["run", "--config", str(ROOT / "configs/mirage.yaml"), "--no-progress", *args]
-        slow = {"XLING_FAULT_COMMIT_DELAY": "0.7"}
-        for stage in ("features", "judge"):
-            proc = xling(*cmd, env=slow, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            kill_after_commits(proc, store, stage, n=1)
-            assert len(markers(store, stage)) < 4 * (4 if stage == "features" else 2), \
-                "the kill should land mid-stage"
-        done = xling(*cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        out, _ = done.communicate(timeout=600)
-        assert done.returncode == 0, out.decode()[-3000:]
-        asked = {k: n for k, n in server.seen.items() if k[0] in ("pointwise", "arena")}
-        assert asked and max(asked.values()) == 1, "an LLM prompt was asked twice"
-    for stage, key in (("features", "input_id"), ("judge", "item_id")):
-        for m in manifests(store, stage):
-            ids = read_cell(store, m["dir"])[key].to_pylist()
-            assert len(ids) == len(set(ids)) and len(ids) == m["rows"], m["dir"]
-    (ev,) = manifests(store, "evaluate")
-    mm = mirage_metric_map(store, ev)
-    assert mm[("en", "s3", "bt_rank")]["value"] == 1

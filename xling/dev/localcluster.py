@@ -225,10 +225,14 @@ def start_local_cluster(
     auth: str = "token",
     timeout: float = 180,
     extra_env: dict[str, str] | None = None,
+    dashboard: bool = True,
 ) -> LocalCluster:
     """Start a head and `num_workers` worker nodes with `ray start`; return once all are ALIVE.
 
     dashboard_port: None picks a free port (tests); the shell script asks for 8265.
+    dashboard: False starts no dashboard (no `ray job submit`, no state API; its two
+        processes cost a few CPU-seconds a minute), for a one-node cluster that clients
+        join by its GCS address only (the test suite's per-worker node).
     object_store_mb: per node; Ray's default (30% of RAM per node) is a lot on a laptop
         that runs several nodes and SeaweedFS besides.
 
@@ -238,7 +242,11 @@ def start_local_cluster(
     """
     kw = dict(num_workers=num_workers, cpus_per_node=cpus_per_node, tmp_root=tmp_root,
               dashboard_port=dashboard_port, object_store_mb=object_store_mb,
-              loopback=loopback, auth=auth, timeout=timeout, extra_env=extra_env)
+              loopback=loopback, auth=auth, timeout=timeout, extra_env=extra_env,
+              dashboard=dashboard)
+    if not dashboard and num_workers:
+        raise ValueError("a cluster with worker nodes needs the dashboard: its nodes are "
+                         "waited for through the state API")
     try:
         return _start_local_cluster(**kw)
     except LocalClusterError as e:
@@ -256,7 +264,7 @@ def start_local_cluster(
 def _start_local_cluster(*, num_workers: int, cpus_per_node: int, tmp_root: Path | None,
                          dashboard_port: int | None, object_store_mb: int, loopback: bool,
                          auth: str, timeout: float,
-                         extra_env: dict[str, str] | None) -> LocalCluster:
+                         extra_env: dict[str, str] | None, dashboard: bool) -> LocalCluster:
     tmp_root = Path(tmp_root or tempfile.mkdtemp(prefix="xling-raycluster-")).absolute()
     tmp_root.mkdir(parents=True, exist_ok=True)
     old = LocalCluster.load(tmp_root)
@@ -305,7 +313,7 @@ def _start_local_cluster(*, num_workers: int, cpus_per_node: int, tmp_root: Path
             "--temp-dir", str(base / "head"),
             "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(dashboard_port),
-            "--include-dashboard", "true",
+            "--include-dashboard", "true" if dashboard else "false",
             "--num-cpus", str(cpus_per_node),
             "--num-gpus", "0",
             "--resources", json.dumps({HEAD_RESOURCE: 1}),
@@ -339,7 +347,8 @@ def _start_local_cluster(*, num_workers: int, cpus_per_node: int, tmp_root: Path
                    else [ray_bin(), *args])
             cluster.nodes.append(_ray_start(name, cmd, base / f"w{i}", ports, tmp_root, env, timeout))
             cluster.save()
-        _wait_nodes(cluster, num_workers + 1, timeout)
+        if dashboard:  # else one node, up once `ray start --head` has returned
+            _wait_nodes(cluster, num_workers + 1, timeout)
     except BaseException:
         cluster.stop(grace=2, keep_logs=True)
         raise
