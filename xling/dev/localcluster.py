@@ -212,6 +212,8 @@ def ray_bin() -> str:
 
 # What Ray prints when a raylet did not register with the GCS in time (ray/_private/node.py)
 _STARTUP_TIMEOUT = "timed out during startup"
+# Starts of a whole cluster, when a node does not come up in time.
+START_ATTEMPTS = 3
 
 
 def start_local_cluster(
@@ -237,8 +239,9 @@ def start_local_cluster(
         that runs several nodes and SeaweedFS besides.
 
     A node whose raylet did not register in time (a loaded machine; Ray's own wait is fixed,
-    see `patient_node_lookup`) fails the start; the half-started cluster is stopped and the
-    whole start is tried once more, on fresh ports, as a local `ray.init` is.
+    see `patient_node_lookup`), or whose raylet died starting, fails the start; the
+    half-started cluster is stopped and the whole start is tried again on fresh ports, up to
+    START_ATTEMPTS times in all.
     """
     kw = dict(num_workers=num_workers, cpus_per_node=cpus_per_node, tmp_root=tmp_root,
               dashboard_port=dashboard_port, object_store_mb=object_store_mb,
@@ -247,18 +250,19 @@ def start_local_cluster(
     if not dashboard and num_workers:
         raise ValueError("a cluster with worker nodes needs the dashboard: its nodes are "
                          "waited for through the state API")
-    try:
-        return _start_local_cluster(**kw)
-    except LocalClusterError as e:
-        if _STARTUP_TIMEOUT not in str(e):
-            raise
-        print("# local Ray cluster: a node timed out starting; retrying once on fresh ports",
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return _start_local_cluster(**kw)
+        except LocalClusterError as e:
+            if _STARTUP_TIMEOUT not in str(e) or attempt == START_ATTEMPTS:
+                raise
+        print("# local Ray cluster: a node did not start in time; retrying on fresh ports",
               file=sys.stderr)
         old = LocalCluster.load(Path(tmp_root).absolute()) if tmp_root else None
         deadline = time.monotonic() + 30
         while old is not None and old.processes() and time.monotonic() < deadline:
             time.sleep(0.5)  # the failed start's processes are on their way out
-        return _start_local_cluster(**kw)
+    raise AssertionError("unreachable")
 
 
 def _start_local_cluster(*, num_workers: int, cpus_per_node: int, tmp_root: Path | None,
@@ -388,6 +392,7 @@ def _port_args(ports: dict[str, int]) -> list[str]:
 def _ray_start(name: str, cmd: list[str], temp_dir: Path, ports: dict[str, int], tmp_root: Path,
                env: dict[str, str], timeout: float) -> Node:
     temp_dir.mkdir(parents=True, exist_ok=True)
+    earlier = set(temp_dir.glob("session_*"))  # a failed start's, when the start is retried
     log = tmp_root / f"ray-start-{name}.log"
     with open(log, "ab") as out:
         out.write(f"$ {shlex.join(cmd)}\n".encode())
@@ -397,15 +402,34 @@ def _ray_start(name: str, cmd: list[str], temp_dir: Path, ports: dict[str, int],
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_root)
     node = Node(name=name, temp_dir=str(temp_dir), ports=ports, session_leader=proc.pid, log=str(log))
-    try:
-        rc = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise LocalClusterError(f"`ray start` for {name} did not finish in {timeout:.0f}s\n{_tail(log)}") from None
+    deadline = time.monotonic() + timeout
+    while (rc := proc.poll()) is None:
+        crashed = _raylet_crash(temp_dir, earlier)
+        if crashed or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            if crashed:  # `ray start` itself would notice only after its own long wait
+                raise LocalClusterError(f"`ray start` for {name} failed: its raylet exited "
+                                        f"({crashed})\n{_STARTUP_TIMEOUT}")
+            raise LocalClusterError(f"`ray start` for {name} did not finish in {timeout:.0f}s\n{_tail(log)}")
+        time.sleep(0.5)
     if rc != 0:
         raise LocalClusterError(f"`ray start` for {name} failed (exit {rc})\n{_tail(log)}")
     return node
+
+
+def _raylet_crash(temp_dir: Path, earlier: set[Path] = frozenset()) -> str | None:
+    """The raylet's fatal line, if it died starting (sessions in `earlier` are not this
+    start's). Seen on a loaded machine: the raylet gives its dashboard agent a fixed 15 s
+    to write its port file and aborts after that ("Timed out waiting for file
+    .../dashboard_agent_listen_port_...")."""
+    for session in set(Path(temp_dir).glob("session_*")) - set(earlier):
+        err = session / "logs" / "raylet.err"
+        with contextlib.suppress(OSError):
+            for line in err.read_text(errors="replace").splitlines():
+                if "Check failed" in line or "Timed out waiting for file" in line:
+                    return line.strip()[-300:]
+    return None
 
 
 def _wait_nodes(cluster: LocalCluster, n: int, timeout: float) -> None:
