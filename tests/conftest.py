@@ -132,7 +132,8 @@ def worker_ray(tmp_path_factory, s3_server) -> dict[str, str]:
     from xling.dev.localcluster import pin_ray_to_loopback, start_local_cluster
 
     cluster = start_local_cluster(
-        num_workers=0, cpus_per_node=2, tmp_root=tmp_path_factory.mktemp("ray"), dashboard=False,
+        num_workers=0, cpus_per_node=2, tmp_root=tmp_path_factory.mktemp("ray"),
+        dashboard=False,  # no test submits a job to it
         # Workers read the store as the driver does; no test may reach a model hub.
         object_store_mb=512, extra_env={**s3_server.env(), "HF_HUB_OFFLINE": "1"})
     env = cluster.env()

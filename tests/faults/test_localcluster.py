@@ -166,6 +166,11 @@ def test_a_node_start_timeout_is_retried(monkeypatch, tmp_path):
     monkeypatch.setattr(localcluster, "_start_local_cluster", scripted([timeout]))
     assert start_local_cluster(tmp_root=tmp_path) == "cluster" and len(calls) == 2
     calls.clear()
+    died = localcluster.LocalClusterError("`ray start` for worker1 failed: its raylet died "
+                                          "during startup: ... Timed out waiting for file")
+    monkeypatch.setattr(localcluster, "_start_local_cluster", scripted([died]))
+    assert start_local_cluster(tmp_root=tmp_path) == "cluster" and len(calls) == 2
+    calls.clear()
     attempts = localcluster.START_ATTEMPTS
     assert attempts >= 2
     monkeypatch.setattr(localcluster, "_start_local_cluster", scripted([timeout] * attempts))

@@ -2,9 +2,10 @@
 
 Runs the real `xling ingest` CLI (the tiny NLLB tokenizer, sentencex) on a corpus made from
 the real Mr.TyDi passages in data/demo, with the run root on the SeaweedFS S3 server (a
-local run root: the translate, index, generate and narrow kills in test_stage_kills.py). The final output must hold exactly the input's
-record ids, and the shards committed before the kill must not be recomputed: their markers
-(run id, commit time) are unchanged after the rerun.
+local run root: the translate, index, generate and narrow kills in test_stage_kills.py).
+The final output must hold exactly the input's record ids, and the shards committed before
+the kill must not be recomputed: their markers (run id, commit time) are unchanged after
+the rerun.
 """
 
 import json
@@ -13,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
 
 from helpers import ROOT, kill_after_commits, markers, sentence_corpus, xling
 from xling.core.runner import read_cell

@@ -212,6 +212,8 @@ def ray_bin() -> str:
 
 # What Ray prints when a raylet did not register with the GCS in time (ray/_private/node.py)
 _STARTUP_TIMEOUT = "timed out during startup"
+# What _ray_start says when it saw the raylet abort while starting (_raylet_crash)
+_RAYLET_DIED = "its raylet died during startup"
 # Starts of a whole cluster, when a node does not come up in time.
 START_ATTEMPTS = 3
 
@@ -250,11 +252,11 @@ def start_local_cluster(
     if not dashboard and num_workers:
         raise ValueError("a cluster with worker nodes needs the dashboard: its nodes are "
                          "waited for through the state API")
-    for attempt in range(1, START_ATTEMPTS + 1):
+    for _ in range(START_ATTEMPTS - 1):
         try:
             return _start_local_cluster(**kw)
         except LocalClusterError as e:
-            if _STARTUP_TIMEOUT not in str(e) or attempt == START_ATTEMPTS:
+            if not _node_did_not_start(e):
                 raise
         print("# local Ray cluster: a node did not start in time; retrying on fresh ports",
               file=sys.stderr)
@@ -262,7 +264,7 @@ def start_local_cluster(
         deadline = time.monotonic() + 30
         while old is not None and old.processes() and time.monotonic() < deadline:
             time.sleep(0.5)  # the failed start's processes are on their way out
-    raise AssertionError("unreachable")
+    return _start_local_cluster(**kw)
 
 
 def _start_local_cluster(*, num_workers: int, cpus_per_node: int, tmp_root: Path | None,
@@ -409,13 +411,19 @@ def _ray_start(name: str, cmd: list[str], temp_dir: Path, ports: dict[str, int],
             proc.kill()
             proc.wait()
             if crashed:  # `ray start` itself would notice only after its own long wait
-                raise LocalClusterError(f"`ray start` for {name} failed: its raylet exited "
-                                        f"({crashed})\n{_STARTUP_TIMEOUT}")
+                raise LocalClusterError(f"`ray start` for {name} failed: {_RAYLET_DIED}: "
+                                        f"{crashed}")
             raise LocalClusterError(f"`ray start` for {name} did not finish in {timeout:.0f}s\n{_tail(log)}")
         time.sleep(0.5)
     if rc != 0:
         raise LocalClusterError(f"`ray start` for {name} failed (exit {rc})\n{_tail(log)}")
     return node
+
+
+def _node_did_not_start(e: LocalClusterError) -> bool:
+    """A start that failed because a node did not come up (worth a fresh try), not because
+    of the configuration or a port in use."""
+    return _STARTUP_TIMEOUT in str(e) or _RAYLET_DIED in str(e)
 
 
 def _raylet_crash(temp_dir: Path, earlier: set[Path] = frozenset()) -> str | None:
