@@ -116,6 +116,46 @@ def cli(*args, env=None, timeout=900) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+def here(*args, env=None) -> subprocess.CompletedProcess:
+    """``xling *args --no-progress`` in this process, as ``cli`` returns it (exit code,
+    stdout, stderr): for the runs whose own process is not what a test checks (a config
+    refused before any work, a rerun, a second stage on a finished run). A stage joins the
+    Ray this process is connected to (the ``ray_local`` fixture), so it starts no Ray job
+    and no workers of its own. ``env`` is set for the call only."""
+    import contextlib
+    import io
+
+    from xling.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            code = main([*args, "--no-progress"])
+    finally:
+        import logging
+
+        for h in list(logging.getLogger().handlers):  # its console and log file handlers
+            if getattr(h, "_xling", False):
+                logging.getLogger().removeHandler(h)
+                h.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["xling", *args], code, out.getvalue(), err.getvalue())
+
+
+def ok_here(*args, env=None) -> str:
+    """here(*args, env=env), which must exit 0; its stdout and stderr together."""
+    p = here(*args, env=env)
+    assert p.returncode == 0, p.stdout[-5000:] + p.stderr[-5000:]
+    return p.stdout + p.stderr
+
+
 def ok(*args, env=None) -> str:
     """cli(*args, env=env), which must exit 0; its stdout and stderr together."""
     p = cli(*args, env=env)

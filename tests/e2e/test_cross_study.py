@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import CROSS_CONFIG, manifests, narrow_cells, ok
+from helpers import CROSS_CONFIG, manifests, narrow_cells, ok, ok_here
 from llm_server import LLMServer
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
@@ -176,13 +176,13 @@ def test_each_distinct_sentence_is_embedded_once(run):
         assert len(keys) == len(set(keys)) == n["sentences_distinct"] + n["queries"]
 
 
-def test_new_query_language_embeds_no_sentence(run):
+def test_new_query_language_embeds_no_sentence(run, ray_local):
     """The narrow stage again with a second query language: new cells (new queries), every
     sentence read from the cache."""
     store = run["store"]
     before = narrow_cells(store)
-    ok("narrow", "--config", str(CROSS_CONFIG), "--no-progress", f"run_root={run['root']}",
-       "study.options.query_langs=[en, sw]")
+    ok_here("narrow", "--config", str(CROSS_CONFIG), f"run_root={run['root']}",
+            "study.options.query_langs=[en, sw]")
     after = {m["dir"]: m for m in manifests(store, "narrow")}
     new = [m for d, m in after.items() if d not in {b["dir"] for b in before.values()}]
     assert {m["key"]["lang"] for m in new} == set(before)
@@ -195,7 +195,7 @@ def test_new_query_language_embeds_no_sentence(run):
                 assert sel["top_idx"] == old[key]["top_idx"]
 
 
-def test_selections_do_not_depend_on_shards_or_batch_size(run, tmp_path):
+def test_selections_do_not_depend_on_shards_or_batch_size(run, tmp_path, ray_local):
     """One shard and batches of 5 in a fresh local run root that holds the S3 run's
     embedding cache: the same selections as the S3 run's four shards of 64. (Embedding the
     same sentence in another batch moves its vector by float32 rounding, which can swap two
@@ -204,9 +204,9 @@ def test_selections_do_not_depend_on_shards_or_batch_size(run, tmp_path):
     local = RunStore(str(root))
     for f in run["store"].list("_cache/emb"):
         local.write_bytes(f, run["store"].read_bytes(f))
-    ok("narrow", "--config", str(CROSS_CONFIG), "--no-progress", f"run_root={root}",
-       "study.options.query_langs=[en]", "narrow.shards=1", "narrow.parallel.batch_size=5",
-       "narrow.encode_batch_size=3")
+    ok_here("narrow", "--config", str(CROSS_CONFIG), f"run_root={root}",
+            "study.options.query_langs=[en]", "narrow.shards=1", "narrow.parallel.batch_size=5",
+            "narrow.encode_batch_size=3")
     for clang, m in narrow_cells(local).items():
         assert m["narrow"]["sentences_embedded"] == 0 and m["n_shards"] == 1
         ref = selections(run["store"], m)  # the same cell (shards and batches are not hashed)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 
-from helpers import VLLM, cache_rows, generate_cell, ok
+from helpers import VLLM, cache_rows, generate_cell, ok, ok_here
 from llm_server import LLMServer
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
@@ -59,7 +59,7 @@ def write_prompts(path: Path, n: int = 6) -> list[str]:
     return [f"q{i}" for i in range(n)] + ["chat", "empty", "long", "prompts:line10"]
 
 
-def test_generate_vllm_and_http_on_s3(tmp_path, s3_env, tiny_models):
+def test_generate_vllm_and_http_on_s3(tmp_path, s3_env, tiny_models, ray_local):
     run_root = f"s3://xling-test/generate-{int(time.time() * 1000)}"
     ids = write_prompts(tmp_path / "prompts.jsonl")
     down = free_port()
@@ -140,7 +140,7 @@ generate:
         # so the model is not even loaded; a changed max_tokens is a new key, generated anew.
         cfg2 = tmp_path / "gen2.yaml"
         cfg2.write_text(cfg.read_text().replace("{name: prompts,", "{name: again,"))
-        ok("generate", "--config", str(cfg2), "generate.models=[" + json.dumps(
+        ok_here("generate", "--config", str(cfg2), "generate.models=[" + json.dumps(
             {"name": "tiny", **_vllm_dict()}) + "]")
         again_cell = generate_cell(store, "again", "tiny")
         again = {r["item_id"]: r for r in read_cell(store, again_cell).to_pylist()}

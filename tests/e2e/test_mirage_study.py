@@ -30,6 +30,7 @@ from helpers import (
     mirage_metric_map,
     mirage_overrides,
     ok,
+    ok_here,
     xling,
 )
 from llm_server import LLMServer
@@ -38,7 +39,7 @@ from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
-def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
+def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models, ray_local):
     """The study from its config, with the driver SIGKILLed twice on the way: once while the
     features stage commits and once while the arena (judge stage) commits, each time rerun.
     No LLM prompt is asked twice (the server counts each (model, prompt)), every scored row
@@ -62,7 +63,7 @@ def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
             kill_after_commits(proc, store, stage, n=1, timeout=600)
             committed = sum("/_shards/" in rel for rel in store.list(stage))
             assert 1 <= committed < cells * 4, "the kill should land mid-stage"
-        out = ok(*args)
+        out = ok_here(*args)  # the resume, in this process (the killed runs were the CLI's)
         asked = {k: n for k, n in server.seen.items() if k[0] in ("pointwise", "arena")}
         assert asked and max(asked.values()) == 1, "an LLM prompt was asked twice"
         # 2 languages x 4 models
@@ -117,7 +118,7 @@ def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
             "report/summary.md").decode()
         # A rerun asks nothing: every cell is done; the server sees no new call.
         calls = sum(server.calls.values())
-        again = ok(*args)
+        again = ok_here(*args)  # in this process: the process checked is the runs above
         assert sum(server.calls.values()) == calls, "a rerun asked the LLMs again"
         assert "skipped" in again
 

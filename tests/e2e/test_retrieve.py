@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, ok, passages
+from helpers import here, ok, ok_here, passages
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 
@@ -77,7 +77,7 @@ evaluate:
 """
 
 
-def test_modes_fusion_and_evaluation_on_s3(tmp_path, s3_env, tiny_models):
+def test_modes_fusion_and_evaluation_on_s3(tmp_path, s3_env, tiny_models, ray_local):
     import pytrec_eval
     from scipy import stats
 
@@ -165,8 +165,8 @@ def test_modes_fusion_and_evaluation_on_s3(tmp_path, s3_env, tiny_models):
         assert oracle[0]["value"] == pytest.approx(plain[0]["value"])  # the oracle only reorders
         assert "| system |" in store.read_bytes(f"evaluate/{d}/_table.md").decode()
 
-    # A rerun finds everything done.
-    again = ok("run", "--config", str(cfg), env=s3_env)
+    # A rerun finds everything done (in this process: the `xling run` process is the one above).
+    again = ok_here("run", "--config", str(cfg))
     assert "FAILED" not in again and "committed" not in again
 
     # LLM reranking of the retrieve stage's runs (`input:`), through the OpenAI-compatible
@@ -190,7 +190,7 @@ def test_modes_fusion_and_evaluation_on_s3(tmp_path, s3_env, tiny_models):
                             "api_key_env": None},
                   "runs": [{"name": "og-rr", "input": "bm25-og", "depth": 30},
                            {"name": "dt-rr", "input": "bm25-dt", "depth": 30}]}
-        ok("rerank", "--config", str(cfg), "rerank=" + json.dumps(rerank), env=s3_env)
+        ok_here("rerank", "--config", str(cfg), "rerank=" + json.dumps(rerank))
         prompts = [p for (_, p) in server.seen]
     for dl in LANGS:
         ids = {p["docid"] for p in passages(dl)}
@@ -272,7 +272,8 @@ def test_bordirlines_partition_modes(tmp_path, tiny_models):
     assert "rel_langs" in row["error"]
 
 
-def test_bad_input(tmp_path, tiny_models):
+def test_bad_input(tmp_path, tiny_models, ray_local):
+    """In this process: what is checked is the message and the exit code, not the process."""
     title_topics(tmp_path)
     (tmp_path / "empty.jsonl").write_text("")
     base = f"""
@@ -294,7 +295,7 @@ retrieve:
 
     def fails(text, *overrides, code=2):
         cfg.write_text(text)
-        p = cli("run", "--config", str(cfg), *overrides)
+        p = here("run", "--config", str(cfg), *overrides)
         assert p.returncode == code, p.stdout[-3000:] + p.stderr[-3000:]
         assert "Traceback" not in p.stderr, p.stderr[-3000:]
         return p.stderr
@@ -343,7 +344,7 @@ evaluate:
   runs:
     - {{name: ext, path: '{tmp_path}/ext.trec', topics: t}}
 """)
-    out = ok("run", "--config", str(cfg))
+    out = ok_here("run", "--config", str(cfg))
     assert "no analyzer for 'el'" in out and "standard analyzer" in out
     assert "ext: 2 of 3 hits name doc ids that are not in the collection" in out
     store = RunStore(str(tmp_path / "run-el"))

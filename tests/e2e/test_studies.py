@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 
-from helpers import VLLM, manifests, ok
+from helpers import VLLM, manifests, ok, ok_here
 from llm_server import LLMServer
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
@@ -29,7 +29,7 @@ def bordirlines_reply(prompt: str) -> str:
     return "A"
 
 
-def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
+def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models, ray_local):
     run_root = f"s3://xling-test/bordirlines-{int(time.time() * 1000)}"
     with LLMServer(models=("scripted",)) as server:
         server.reply_fn = bordirlines_reply
@@ -88,7 +88,7 @@ def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
     assert "## Results" in out  # the report's digest is printed; the report holds the tables
     assert "| scripted | rel_langs |" in store.read_bytes("report/summary.md").decode()
     # A rerun does nothing: every cell is done, nothing is generated again.
-    again = ok("run", "--config", str(cfg), *overrides[:-1],
+    again = ok_here("run", "--config", str(cfg), *overrides[:-1],
                "generate.models=[{name: tiny, backend: vllm, model: tiny:llama_chat, "
                "max_model_len: 512, dtype: float32, enforce_eager: true, "
                "parallel: {concurrency: [1, 1], batch_size: 4}}]")

@@ -5,10 +5,11 @@ cells a researcher expects (settings x languages x models, x judges)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import here
 
 ROOT = Path(__file__).resolve().parents[2]
 XRAG = str(ROOT / "configs/xrag.yaml")
@@ -20,8 +21,9 @@ CROSS = str(ROOT / "configs/demo-cross.yaml")
 
 
 def xling(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xling.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    """`xling *args` in this process: the configs are refused (or only planned) before Ray
+    starts, so no process of its own is needed (tests/helpers.py `here`)."""
+    return here(*args)
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -7,19 +7,20 @@ the text layer (sentencex), lingua, local Ray, and the run root on the SeaweedFS
   into the run store once and reused;
 - bad input: error rows, counted, and the job goes on; bad configs stop before any work.
 
-A translate job killed mid-corpus and resumed: tests/faults/test_stage_kills.py.
+The DT run is the `xling translate` process a user starts; the QT runs, the bad records and
+the bad configs call the same CLI entry point in the test process (on its Ray), where the
+process itself is not what is checked. A translate job killed mid-corpus and resumed:
+tests/faults/test_stage_kills.py.
 """
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import MRTYDI_DOCS, passages, run_ok, translate_cells
+from helpers import MRTYDI_DOCS, here, ok_here, passages, run_ok, translate_cells
 from xling.actors.segments import decode_limit, segment_document
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
@@ -35,7 +36,7 @@ def s3_root(s3_env):
     return f"s3://xling-test/translate-{os.getpid()}-{int(time.time() * 1000)}"
 
 
-def test_documents_and_topics_on_s3(tmp_path, s3_root, s3_env, tiny_models):
+def test_documents_and_topics_on_s3(tmp_path, s3_root, s3_env, tiny_models, ray_local):
     import ctranslate2
     from tokenizers import Tokenizer
 
@@ -127,7 +128,8 @@ translate:
       langs: [en]
       targets: [sw, yo]
 """)
-    out = run_ok("translate", "--config", str(qt), env=s3_env)
+    # The QT runs in this process (the CLI process is checked by the DT run above).
+    out = ok_here("translate", "--config", str(qt), "-v")
     assert "converting tiny:nllb_hf to CTranslate2 (int8)" in out
     marker = store.read_json("_models/ct2/nllb_hf-int8/_xling_ct2.json")
     assert marker["quantization"] == "int8" and "model.bin" in marker["files"]
@@ -138,8 +140,8 @@ translate:
         assert all(r["kind"] == "query" and r["error"] is None and r["text"] for r in table)
         assert all(r["compute_type"].startswith("int8") for r in table)
     # A second run with more targets reuses the conversion and the finished cells.
-    out = run_ok("translate", "--config", str(qt), "translate.topics.0.targets=[sw, yo, ha]",
-                 env=s3_env)
+    out = ok_here("translate", "--config", str(qt), "translate.topics.0.targets=[sw, yo, ha]",
+                  "-v")
     assert "converting" not in out and out.count("done earlier") == 2
     assert ("ciral", "en", "ha") in translate_cells(store)
 
@@ -158,7 +160,7 @@ RUSSIAN = ("Москва — столица России, город федер�
            "входит. Крупнейший по численности населения город России.")
 
 
-def test_bad_records_become_error_rows_and_the_job_goes_on(tmp_path, tiny_models):
+def test_bad_records_become_error_rows_and_the_job_goes_on(tmp_path, tiny_models, ray_local):
     corpus = tmp_path / "bad.jsonl"
     lines = [json.dumps({"docid": "good", "title": "Helsinki", "text": GOOD}).encode(),
              json.dumps({"docid": "empty", "title": "x", "text": ""}).encode(),
@@ -182,7 +184,7 @@ translate:
   documents:
     - {{name: c, format: jsonl, path: {corpus}, langs: [fi], targets: [en]}}
 """)
-    run_ok("translate", "--config", str(cfg))
+    ok_here("translate", "--config", str(cfg))
     store = RunStore(str(run_root))
     [d] = translate_cells(store).values()
     rows = {r["id"]: r for r in read_cell(store, d).to_pylist()}
@@ -199,6 +201,8 @@ translate:
 
 
 def test_bad_configs_stop_before_any_work(tmp_path):
+    """Config errors, in this process (no Ray starts; the CLI's exit code and message are
+    those `xling translate` gives)."""
     def check(extra: str, *expect: str):
         cfg = tmp_path / "c.yaml"
         cfg.write_text(f"""
@@ -206,8 +210,7 @@ name: c
 run_root: {tmp_path / 'run'}
 translate:
 {extra}""")
-        p = subprocess.run([sys.executable, "-m", "xling.cli", "translate", "--config",
-                            str(cfg)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        p = here("translate", "--config", str(cfg))
         assert p.returncode == 2, p.stderr
         for e in expect:
             assert e in p.stderr, p.stderr
@@ -234,9 +237,7 @@ translate:
   model: facebook/nllb-200-distilled-600M
   documents: [{{name: m, path: '{docs}', langs: [fi], targets: [en]}}]
 """)
-    p = subprocess.run([sys.executable, "-m", "xling.cli", "translate", "--config", str(cfg)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    p = here("translate", "--config", str(cfg), env={"HF_HUB_OFFLINE": "1"})
     assert p.returncode == 2 and "translate.model: cannot convert" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "run2" / "translate").exists()
 

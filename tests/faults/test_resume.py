@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import ROOT, kill_after_commits, markers, sentence_corpus, xling
+from helpers import ROOT, kill_after_commits, markers, ok_here, sentence_corpus, xling
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 
@@ -46,7 +46,7 @@ ingest:
     return cfg
 
 
-def test_sigkill_mid_run_then_resume_on_s3(tmp_path, s3_env, tiny_models):
+def test_sigkill_mid_run_then_resume_on_s3(tmp_path, s3_env, tiny_models, ray_local):
     run_root = f"s3://xling-test/resume-{os.getpid()}-{int(time.time() * 1000)}"
     ids = sentence_corpus(tmp_path / "sentences.jsonl")
     cfg = write_config(tmp_path, run_root)
@@ -69,11 +69,9 @@ def test_sigkill_mid_run_then_resume_on_s3(tmp_path, s3_env, tiny_models):
     [row] = json.loads(st.stdout)
     assert row["state"] == "partial" and row["shards_done"] == len(first)
 
-    rerun = xling("ingest", "--config", str(cfg), "--no-progress", "-v",  # per-cell lines
-                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out, _ = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, out.decode()[-3000:]
-    assert f"{len(first)} already committed, {N_SHARDS - len(first)} to run" in out.decode()
+    # The rerun in this process, on its Ray (the killed one was the CLI's own process).
+    out = ok_here("ingest", "--config", str(cfg), "-v")  # -v: the per-cell lines
+    assert f"{len(first)} already committed, {N_SHARDS - len(first)} to run" in out
 
     final = markers(store)
     assert len(final) == N_SHARDS

@@ -1,5 +1,6 @@
 """A stage's driver SIGKILLed mid-stage, then rerun: the rerun picks up where the kill left
-off, through the real `xling` CLI. Each kill lands after some shards have committed
+off. The killed run is the real `xling` CLI process; the rerun calls the same entry point in
+the test process, on its Ray (tests/helpers.py `here`). Each kill lands after some shards have committed
 (`kill_after_commits`, or a wait for the first marker), with commits slowed by the
 XLING_FAULT_COMMIT_DELAY knob so that work is in flight when it lands; the driver's process
 group goes with it, its local Ray included, as a lost node would.
@@ -49,9 +50,8 @@ from helpers import (
     kill_after_commits,
     markers,
     narrow_cells,
-    ok,
+    ok_here,
     queries,
-    run_ok,
     sentence_corpus,
     top,
     translate_cells,
@@ -68,7 +68,7 @@ ROOT = Path(__file__).resolve().parents[2]
 N_SHARDS = 10
 
 
-def test_sigkill_mid_corpus_then_resume(tmp_path, tiny_models):
+def test_sigkill_mid_corpus_then_resume(tmp_path, tiny_models, ray_local):
     ids = sentence_corpus(tmp_path / "sentences.jsonl")
     run_root = str(tmp_path / "run")
     cfg = tmp_path / "resume.yaml"
@@ -93,7 +93,7 @@ translate:
     first = markers(store, "translate")
     assert 3 <= len(first) < N_SHARDS, "the kill should land mid-corpus"
 
-    out = run_ok("translate", "--config", str(cfg))
+    out = ok_here("translate", "--config", str(cfg), "-v")
     assert f"{len(first)} already committed, {N_SHARDS - len(first)} to run" in out
     final = markers(store, "translate")
     assert len(final) == N_SHARDS
@@ -116,7 +116,7 @@ translate:
 # --- index (BM25 / Lucene) ------------------------------------------------------------------
 
 
-def test_killed_lucene_build_resumes(tmp_path):
+def test_killed_lucene_build_resumes(tmp_path, ray_local):
     lang, n_shards = "fi", 4
     data = tmp_path / "corpus.jsonl.gz"
     with gzip.open(data, "wt", encoding="utf-8") as f:
@@ -164,8 +164,7 @@ index:
     pieces = {s: store.read_parquet(f"index/{cell}/{m['file']}")["lucene_piece"].to_pylist()
               for s, m in before.items()}
 
-    p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    ok_here("run", "--config", str(cfg))
     manifest = store.read_json(f"index/{cell}/_manifest.json")
     assert manifest["lucene"]["documents"] == len(collection(lang))
     after = shard_markers()
@@ -189,7 +188,7 @@ index:
 # --- generate (tiny vLLM) -------------------------------------------------------------------
 
 
-def test_generate_killed_and_resumed(tmp_path, tiny_models):
+def test_generate_killed_and_resumed(tmp_path, tiny_models, ray_local):
     run_root = str(tmp_path / "run")
     n = 40
     (tmp_path / "p.jsonl").write_text("".join(
@@ -217,7 +216,7 @@ generate:
     cached_before = set(cache_rows(store)["key"].to_pylist())
     assert 2 <= len(before) < 8 and len(cached_before) > sum(m["rows"] for m in before.values())
     t0 = time.time()
-    ok("generate", "--config", str(cfg))
+    ok_here("generate", "--config", str(cfg))
     rows = read_cell(store, generate_cell(store, "items", "tiny"))
     assert sorted(rows["item_id"].to_pylist()) == [f"i{k:03d}" for k in range(n)]
     assert rows.num_rows == n and pc.sum(pc.is_valid(rows["error"])).as_py() == 0
@@ -239,7 +238,7 @@ generate:
 # --- narrow (CROSS, tiny BGE-M3) ------------------------------------------------------------
 
 
-def test_killed_narrowing_resumes_without_embedding_twice(tmp_path):
+def test_killed_narrowing_resumes_without_embedding_twice(tmp_path, ray_local):
     root = str(tmp_path / "run")
     store = RunStore(root)
     cmd = ["narrow", "--config", str(CROSS_CONFIG), "--no-progress", f"run_root={root}",
@@ -248,7 +247,7 @@ def test_killed_narrowing_resumes_without_embedding_twice(tmp_path):
                  stderr=subprocess.STDOUT)
     kill_after_commits(proc, store, "narrow", n=1)
     assert len(markers(store, "narrow")) < 8, "the kill should land mid-stage"
-    ok(*cmd)
+    ok_here(*cmd)
     for clang, m in narrow_cells(store).items():
         ids = read_cell(store, m["dir"], columns=["_rid"])["_rid"].to_pylist()
         assert len(ids) == len(set(ids)) == m["rows"]

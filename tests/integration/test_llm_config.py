@@ -4,13 +4,11 @@ says what to fix: unknown models (vLLM and endpoint), missing keys, bad rerank s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import here
 from llm_server import LLMServer
 from xling.config import validate_config
 from xling.core.config import ConfigError
@@ -22,9 +20,7 @@ def run(tmp_path, section: dict, stage="generate"):
     (tmp_path / "p.jsonl").write_text(json.dumps({"item_id": "a", "prompt": "hi"}) + "\n")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({"name": "c", "run_root": str(tmp_path / "run"), stage: section}))
-    return subprocess.run([sys.executable, "-m", "xling.cli", stage, "--config", str(cfg)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return here(stage, "--config", str(cfg), env={"HF_HUB_OFFLINE": "1"})
 
 
 def gen(tmp_path, model: dict) -> dict:
