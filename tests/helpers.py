@@ -116,9 +116,14 @@ def cli(*args, env=None, timeout=900) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+# The commands that run stages and so take --no-progress.
+_PROGRESS_COMMANDS = {"run", "sweep", "ingest", "translate", "index", "retrieve", "rerank",
+                      "generate", "narrow", "features", "judge", "evaluate", "report"}
+
+
 def here(*args, env=None) -> subprocess.CompletedProcess:
-    """``xling *args --no-progress`` in this process, as ``cli`` returns it (exit code,
-    stdout, stderr): for the runs whose own process is not what a test checks (a config
+    """``xling *args`` (with ``--no-progress`` for a stage) in this process, as ``cli``
+    returns it (exit code, stdout, stderr): for the runs whose own process is not what a test checks (a config
     refused before any work, a rerun, a second stage on a finished run). A stage joins the
     Ray this process is connected to (the ``ray_local`` fixture), so it starts no Ray job
     and no workers of its own. ``env`` is set for the call only."""
@@ -133,7 +138,7 @@ def here(*args, env=None) -> subprocess.CompletedProcess:
     try:
         with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(err):
-            code = main([*args, "--no-progress"])
+            code = main([*args, *(["--no-progress"] if args[0] in _PROGRESS_COMMANDS else [])])
     finally:
         import logging
 

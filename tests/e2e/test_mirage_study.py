@@ -29,7 +29,6 @@ from helpers import (
     manifests,
     mirage_metric_map,
     mirage_overrides,
-    ok,
     ok_here,
     xling,
 )
@@ -123,7 +122,7 @@ def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models, ray_local):
         assert "skipped" in again
 
 
-def test_mirage_published_route(tmp_path):
+def test_mirage_published_route(tmp_path, ray_local):
     """The paper's leaderboards from the hub's published answers, features and verdicts:
     no generate, features or arena cells; the same tables as score() on the loaders."""
     from xling.studies.base import Evidence
@@ -138,8 +137,8 @@ def test_mirage_published_route(tmp_path):
             "study.options.langs=[en, sw]", "study.options.reference_model=gpt-4-azure",
             "study.options.held_out=[google/gemma-1.1-2b-it]", "study.options.tournaments=20",
             "study.options.matches=4"]
-    ok("run", "--config", str(ROOT / "configs/mirage.yaml"), f"run_root={run_root}",
-       "stages=[evaluate,report]", *opts)
+    ok_here("run", "--config", str(ROOT / "configs/mirage.yaml"), f"run_root={run_root}",
+            "stages=[evaluate,report]", *opts)
     store = RunStore(str(run_root))
     for stage in ("generate", "features", "judge"):
         assert not manifests(store, stage), stage

@@ -238,7 +238,7 @@ retrieve:
 """
 
 
-def test_bordirlines_partition_modes(tmp_path, tiny_models):
+def test_bordirlines_partition_modes(tmp_path, tiny_models, ray_local):
     for lang, rel in (("fi", ["fi", "sw"]), ("ru", ["ru", "fi", "ko"])):
         (tmp_path / f"queries.{lang}.jsonl").write_text(
             json.dumps({"query_id": f"{lang}1", "text": passages(lang)[0]["title"],
@@ -246,7 +246,7 @@ def test_bordirlines_partition_modes(tmp_path, tiny_models):
             json.dumps({"query_id": f"{lang}2", "text": "no rel_langs here"}) + "\n")
     cfg = tmp_path / "b.yaml"
     cfg.write_text(BORDIR.format(root=tmp_path / "run", demo=DEMO, tmp=tmp_path))
-    ok("run", "--config", str(cfg))
+    ok_here("run", "--config", str(cfg))  # the retrieve CLI process: the test above
     store = RunStore(str(tmp_path / "run"))
     got = {}
     for d in store.list_dirs("retrieve"):

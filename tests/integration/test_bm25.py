@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 
-from helpers import collection, contents, queries, top
+from helpers import collection, contents, ok_here, queries, top
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
 
@@ -73,7 +73,7 @@ def pyserini_cli(*commands: list[str]) -> None:
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
 
 
-def test_xling_stages_equal_pyserini_cli(tmp_path):
+def test_xling_stages_equal_pyserini_cli(tmp_path, ray_local):
     data = tmp_path / "data"
     for lang in LANGS:
         (data / lang).mkdir(parents=True)
@@ -125,9 +125,7 @@ retrieve:
   runs:
     - {{name: bm25, engine: bm25, collection: mrtydi, mode: og, k1: 0.9, b: 0.4}}
 """)
-    p = subprocess.run([sys.executable, "-m", "xling.cli", "run", "--config", str(cfg),
-                        "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    ok_here("run", "--config", str(cfg))
     store = RunStore(str(tmp_path / "run"))
     for lang in LANGS:
         [icell] = [d for d in store.list_dirs("index") if d.startswith(f"mrtydi.{lang}.")]

@@ -112,8 +112,7 @@ def test_duplicate_ids_and_shard_count_change_are_refused(ray_local, tmp_path):
 
 
 def test_xling_status_shows_done_partial_failed(ray_local, tmp_path):
-    import subprocess
-    import sys
+    from helpers import here
 
     store = RunStore(str(tmp_path / "run"))
     Runner(store, progress=False).run(EchoStage(ROWS, tag="good"), None)
@@ -126,8 +125,8 @@ def test_xling_status_shows_done_partial_failed(ray_local, tmp_path):
     store.delete(f"{cell.dir}/_manifest.json")
     for rel in sorted(p for p in store.list(f"{cell.dir}/_shards"))[3:]:
         store.delete(rel)
-    res = subprocess.run([sys.executable, "-m", "xling.cli", "status", store.url()],
-                         capture_output=True, text=True, check=True)
+    res = here("status", store.url())
+    assert res.returncode == 0, res.stderr
     lines = {l.split()[1].split(".")[0]: l.split() for l in res.stdout.splitlines()[2:]}
     assert lines["good"][2:6] == ["done", "5/5", "60", "6"]
     assert lines["bad"][2:4] == ["failed", "0/5"] and "model exploded" in " ".join(lines["bad"])
@@ -137,8 +136,7 @@ def test_xling_status_shows_done_partial_failed(ray_local, tmp_path):
     assert rep.state == "done" and rep.shards_run == 2 and rep.rows == 60
     # A mistyped run root is an error that creates nothing.
     missing = tmp_path / "rnu"
-    res = subprocess.run([sys.executable, "-m", "xling.cli", "status", str(missing)],
-                         capture_output=True, text=True)
+    res = here("status", str(missing))
     assert res.returncode == 2 and "no run root at" in res.stderr and not missing.exists()
 
 
