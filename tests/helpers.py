@@ -24,6 +24,23 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 
+def parse_python(path: Path):
+    """``ast.parse`` of a source file. CPython 3.11 keeps the AST converter's recursion depth
+    in interpreter-wide state, so a parse that races another thread's (in a test process that
+    has run a Ray driver, Ray's own threads) can fail its depth check with "AST constructor
+    recursion depth mismatch" although the parse itself succeeded; later CPythons keep that
+    depth per call. Such a failure is parsed again."""
+    import ast
+
+    source = path.read_text(encoding="utf-8")
+    for attempt in range(3):
+        try:
+            return ast.parse(source, filename=str(path))
+        except SystemError as e:
+            if "recursion depth mismatch" not in str(e) or attempt == 2:
+                raise
+
+
 # --- Mr.TyDi sample passages (test_translate, test_bm25, test_stage_kills) -----------------
 
 SHARED_DOCS = ROOT.parent / "shared" / "data" / "ir" / "sample-docs" / "mrtydi-1.1"

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import parse_python
+
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "xling"
 
@@ -56,7 +58,7 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
 
 def imports_of(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import that runs, at any depth of the file."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse_python(path)
     skip = _type_checking_lines(tree)
     out = []
     for node in ast.walk(tree):
@@ -140,7 +142,7 @@ def extension_violations(root: Path = PKG) -> list[str]:
                 bad.append(f"{rel}:{line} imports the embedder {name} (use make_embedder)")
         if rel.startswith(BACKEND_HOME):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(parse_python(path)):
             if isinstance(node, ast.Compare) and "backend" in ast.unparse(node) and any(
                     isinstance(c, ast.Constant) and c.value in BACKENDS
                     for c in ast.walk(node)):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from helpers import parse_python
+
 TESTS = Path(__file__).resolve().parents[1]
 LAYERS = ("unit", "integration", "e2e", "faults")
 
@@ -26,7 +28,7 @@ def cross_imports(folder: Path) -> list[str]:
     (anywhere in the file, function bodies included)."""
     out = []
     for path in sorted(folder.glob("test_*.py")) + sorted(folder.glob("*/test_*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        for node in ast.walk(parse_python(path)):
             names: list[str | None] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
