@@ -136,7 +136,9 @@ def worker_ray(tmp_path_factory, s3_server) -> dict[str, str]:
         dashboard=False,  # no test submits a job to it
         # Workers read the store as the driver does; no test may reach a model hub.
         object_store_mb=512, extra_env={**s3_server.env(), "HF_HUB_OFFLINE": "1"})
-    env = cluster.env()
+    # The drivers too (this process and its `xling` subprocesses): Ray Data's usage
+    # collection is a driver-side actor and a Prometheus query per dataset otherwise.
+    env = {**cluster.env(), "RAY_USAGE_STATS_ENABLED": "0"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     pin_ray_to_loopback()  # a client of a loopback node needs it too (dev/localcluster.py)
