@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def parse_python(path: Path):
     """``ast.parse`` of a source file. CPython 3.11 keeps the AST converter's recursion depth
     in interpreter-wide state, so a parse that races another thread's (in a test process that
@@ -140,10 +141,11 @@ _PROGRESS_COMMANDS = {"run", "sweep", "ingest", "translate", "index", "retrieve"
 
 def here(*args, env=None) -> subprocess.CompletedProcess:
     """``xling *args`` (with ``--no-progress`` for a stage) in this process, as ``cli``
-    returns it (exit code, stdout, stderr): for the runs whose own process is not what a test checks (a config
-    refused before any work, a rerun, a second stage on a finished run). A stage joins the
-    Ray this process is connected to (the ``ray_local`` fixture), so it starts no Ray job
-    and no workers of its own. ``env`` is set for the call only."""
+    returns it (exit code, stdout, stderr): for the runs whose own process is not what a
+    test checks (a config refused before any work, a rerun, the resume after a kill, a second
+    stage on a finished run). A stage joins the Ray this process is connected to (the
+    ``ray_local`` fixture), so it starts no Ray job and no workers of its own. ``env`` is set
+    for the call only."""
     import contextlib
     import io
 

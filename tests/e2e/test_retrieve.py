@@ -1,4 +1,4 @@
-"""index -> retrieve -> evaluate through the real `xling` CLI, with the run root on SeaweedFS.
+"""index -> retrieve -> evaluate through xling's CLI, with the run root on SeaweedFS.
 
 - OG, QT and DT modes (the translate stage's tiny NLLB translations), BM25 and dense
   (tiny BGE-M3) runs, an RRF fusion, and evaluate's metrics, oracle and comparison, whose
@@ -6,6 +6,10 @@
 - BordIRLines' language-partitioned modes over the same collection;
 - bad input: an empty collection, a missing qrels file, a run whose doc ids are not in the
   collection, a language without a Lucene analyzer, modes whose translations are missing.
+
+The modes run is the `xling run` process a user starts; its rerun and rerank, the partition
+modes and the bad input call the same entry point in the test process (tests/helpers.py
+`here`), where the process itself is not what is checked.
 """
 
 import json
