@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import environ
 from xling.dev.devstore import SHADOWING_AWS_VARS, S3Server
 
 S3_TEST_BUCKET = "xling-test"
@@ -139,18 +140,12 @@ def worker_ray(tmp_path_factory, s3_server) -> dict[str, str]:
     # The drivers too (this process and its `xling` subprocesses): Ray Data's usage
     # collection is a driver-side actor and a Prometheus query per dataset otherwise.
     env = {**cluster.env(), "RAY_USAGE_STATS_ENABLED": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    pin_ray_to_loopback()  # a client of a loopback node needs it too (dev/localcluster.py)
-    try:
-        yield env
-    finally:
-        cluster.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environ(env):
+        pin_ray_to_loopback()  # a client of a loopback node needs it too (dev/localcluster.py)
+        try:
+            yield env
+        finally:
+            cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ checks that). Ray workers import this module by name too (e.g. ScriptedJudge): c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import json
@@ -134,6 +135,21 @@ def cli(*args, env=None, timeout=900) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+@contextlib.contextmanager
+def environ(env: dict[str, str]):
+    """``env`` set in os.environ for the block; each variable as it was afterwards."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 # The commands that run stages and so take --no-progress.
 _PROGRESS_COMMANDS = {"run", "sweep", "ingest", "translate", "index", "retrieve", "rerank",
                       "generate", "narrow", "features", "judge", "evaluate", "report"}
@@ -146,30 +162,21 @@ def here(*args, env=None) -> subprocess.CompletedProcess:
     stage on a finished run). A stage joins the Ray this process is connected to (the
     ``ray_local`` fixture), so it starts no Ray job and no workers of its own. ``env`` is set
     for the call only."""
-    import contextlib
     import io
+    import logging
 
     from xling.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
     try:
-        with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), \
+        with environ(env or {}), contextlib.chdir(ROOT), contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(err):
             code = main([*args, *(["--no-progress"] if args[0] in _PROGRESS_COMMANDS else [])])
     finally:
-        import logging
-
         for h in list(logging.getLogger().handlers):  # its console and log file handlers
             if getattr(h, "_xling", False):
                 logging.getLogger().removeHandler(h)
                 h.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return subprocess.CompletedProcess(["xling", *args], code, out.getvalue(), err.getvalue())
 
 

@@ -1,9 +1,9 @@
 """A stage's driver SIGKILLed mid-stage, then rerun: the rerun picks up where the kill left
 off. The killed run is the real `xling` CLI process; the rerun calls the same entry point in
-the test process, on its Ray (tests/helpers.py `here`). Each kill lands after some shards have committed
-(`kill_after_commits`, or a wait for the first marker), with commits slowed by the
-XLING_FAULT_COMMIT_DELAY knob so that work is in flight when it lands; the driver's process
-group goes with it, its local Ray included, as a lost node would.
+the test process, on its Ray (tests/helpers.py `here`). Each kill lands after some shards
+have committed (`kill_after_commits`, or a wait for the first marker), with commits slowed
+by the XLING_FAULT_COMMIT_DELAY knob so that work is in flight when it lands; the driver's
+process group goes with it, its local Ray included, as a lost node would.
 
 - translate (tiny NLLB, 10 shards): killed after 3 committed shards; the rerun runs only the
   shards left, the committed markers stay as they were, it translates exactly what the first
