@@ -6,7 +6,7 @@ the full stage on local Ray (partition into shards, DocumentStats actor pool, wo
 commits, manifests). Ray's own start-up is excluded (it is paid once per job). Steady state
 and whole run as in benchmarks/common.py.
 
-    .venv/bin/python benchmarks/ingest.py --docs 20000 --shards 16
+    .venv/bin/python benchmarks/ingest.py --docs 200000 --shards 16
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--docs", type=int, default=20000)
+    ap.add_argument("--docs", type=int, default=200_000)
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=2, help="DocumentStats actors")
     ap.add_argument("--batch-size", type=int, default=512)

@@ -23,7 +23,7 @@ Reported (benchmarks/common.py): sentences/s at steady state (after each side's 
 output) and over the whole run, their ratios, and start-up (model load for bare; Ray Data
 pipelines, partition and actor start for xling), with the padding efficiency.
 
-    .venv/bin/python benchmarks/translate.py --sentences 3000
+    .venv/bin/python benchmarks/translate.py --sentences 6000
     .venv/bin/python benchmarks/translate.py --model /models/nllb-600M-ct2 --device cuda \
         --compute-type int8_float16 --max-batch-tokens 16384 --batch-size 2048
 """
@@ -151,7 +151,7 @@ def write_corpus(path: Path, pairs) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sentences", type=int, default=3000)
+    ap.add_argument("--sentences", type=int, default=6000)
     ap.add_argument("--model", default="tiny:nllb_ct2", help="a CTranslate2 dir or tiny:nllb_ct2")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--compute-type", default="default")

