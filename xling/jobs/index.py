@@ -210,15 +210,19 @@ class IndexStage(Stage):
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         if "dense" in cfg.index.engines:
             resolve_model(cfg.index.dense.model, key="index.dense.model")
+        thai = []
         for cell in self.cells(cfg):
             if "translation" in cell.params and "translate" not in upstream:
                 require_done(store, _translate_of(cfg, cell), f"index cell {cell.id}")
-            if cell.key["engine"] == "bm25" and analyzer_for(cell.key["text_lang"])[1]:
+            if cell.key["engine"] != "bm25":
+                continue
+            analyzer, fallback = analyzer_for(cell.key["text_lang"])
+            if fallback:
                 print(f"[index] warning: Lucene has no analyzer for '{cell.key['text_lang']}'; "
                       f"{cell.id} uses the standard analyzer (tokenize, lowercase; no stemming "
                       "or stopwords). The manifest records analyzer_fallback: true.")
-        thai = [c.id for c in self.cells(cfg)
-                if c.key["engine"] == "bm25" and analyzer_for(c.key["text_lang"])[0] == "th"]
+            elif analyzer == "th":
+                thai.append(cell.id)
         if thai:
             require_thai_segmentation(thai)
 
