@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import print_ratios, stream_rates
+from common import print_ratios, print_stats, stream_rates
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def write_inputs(tmp: Path, docs: list[str], queries: list[str]) -> None:
 
 
 def run_xling(cfg, index_stage, index_actor: tuple[str, int], search_actor: tuple[str, int],
-              **ray_init) -> tuple[dict, dict, int]:
+              search: bool = True, **ray_init) -> tuple[dict, dict | None, int]:
     """Run the `index` then the `retrieve` stage on a fresh local Ray: their rates
     (benchmarks/common.py), and the number of hits the retrieve cell committed."""
     import ray
@@ -95,10 +95,14 @@ def run_xling(cfg, index_stage, index_actor: tuple[str, int], search_actor: tupl
     t = time.perf_counter()
     runner.run(index_stage, cfg)
     index = stream_rates(runner, time.perf_counter() - t, *index_actor)
+    print_stats(runner)
+    if not search:
+        return index, None, 0
     runner = Runner(store, progress=False, log=lambda *_: None)
     t = time.perf_counter()
     runner.run(RetrieveStage(), cfg)
     search = stream_rates(runner, time.perf_counter() - t, *search_actor)
+    print_stats(runner)
     [rcell] = store.list_dirs("retrieve")
     return index, search, store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]
 
@@ -110,6 +114,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="indexing/search threads (= CPUs)")
     ap.add_argument("--shards", type=int, default=0, help="xling index shards (default 4x threads)")
     ap.add_argument("--depth", type=int, default=100)
+    ap.add_argument("--skip-search", action="store_true", help="index only")
     args = ap.parse_args()
     shards = args.shards or 4 * args.threads
 
@@ -135,6 +140,8 @@ def main() -> None:
     bare_index_s = time.perf_counter() - t
     searcher = open_searcher(str(tmp / "bare-index"), STANDARD, 0.9, 0.4)
     qids = [f"q{i}" for i in range(len(queries))]
+    if args.skip_search:
+        queries = queries[:1]
     t = time.perf_counter()
     bare_hits = searcher.batch_search(queries, qids, k=args.depth, threads=args.threads)
     # What writing a run file takes: each hit's doc id and score, read once.
@@ -172,15 +179,18 @@ def main() -> None:
                 TimedIndexStage.lucene_s += time.perf_counter() - t
 
     xi, xs, n_xling_hits = run_xling(cfg, TimedIndexStage(), ("LuceneSegments", args.threads),
-                                     ("StoreBM25Searcher", 1), num_cpus=args.threads)
+                                     ("StoreBM25Searcher", 1), search=not args.skip_search,
+                                     num_cpus=args.threads)
 
     # Greek ("el") has no Anserini analyzer: both sides used the standard analyzer. The bare
     # calls have no first output to cut at: their steady rate is their whole rate, JVM
     # start excluded (it is started before both).
-    print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
     print("indexing")
     print_ratios("docs/s", len(docs) / bare_index_s, len(docs) / bare_index_s, xi)
     print(f"  xling index merge (finalize) {TimedIndexStage.lucene_s:.1f} s of the whole run")
+    if args.skip_search:
+        return
+    print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
     print("search")
     print_ratios("queries/s", len(queries) / bare_search_s, len(queries) / bare_search_s, xs)
 

@@ -81,7 +81,7 @@ class DenseRetriever:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from xling.actors.dense_search import hybrid_topk, merge_topk
-        from xling.actors.hits import hits_rows, merge_partitions
+        from xling.actors.hits import merge_ranked, ranked_rows
 
         n = batch.num_rows
         cols = batch.to_pydict()
@@ -94,8 +94,8 @@ class DenseRetriever:
         q = _arrays(emb.append_column("doc_id", pa.array([str(i) for i in range(n)])),
                     keep_nulls=True)
         errors = emb["error"].to_pylist()
-        # found[i][j]: query i's hits in its j-th partition (kept in the query's own order,
-        # which `merge: interleave` follows)
+        # found[i][j]: query i's hits in its j-th partition as (doc ids, scores, partition
+        # language) (kept in the query's own order, which `merge: interleave` follows)
         found: list[dict] = [{} for _ in range(n)]
         # (location, partition language) -> the (query, position) pairs that search it
         todo: dict[tuple[str, str], list[tuple[int, int]]] = {}
@@ -123,7 +123,7 @@ class DenseRetriever:
                 qs = [i for i, _ in group]
                 if not index["shards"]:
                     for i, j in group:
-                        found[i][j] = []
+                        found[i][j] = (np.array([], object), np.array([]), plang)
                     continue
                 if is_hybrid:
                     scores, ids = merge_topk([hybrid_topk(_one(q, qs[0]), sh, weights[qs[0]],
@@ -132,13 +132,13 @@ class DenseRetriever:
                 else:
                     scores, ids = index["flat"].search(q["dense"][qs], self.k)
                 for r, (i, j) in enumerate(group):
-                    found[i][j] = [(d, float(s), plang) for s, d in zip(scores[r], ids[r])]
+                    found[i][j] = (ids[r], np.asarray(scores[r], np.float64), plang)
         drop = {"text", "error", "partitions", "analyzers", "partition_langs",
                 "w_dense", "w_sparse", "w_colbert"}
-        merged = [[] if errors[i] else
-                  merge_partitions([found[i][j] for j in sorted(found[i])], self.k, self.merge)
+        merged = [None if errors[i] else
+                  merge_ranked([found[i][j] for j in sorted(found[i])], self.k, self.merge)
                   for i in range(n)]
-        return hits_rows(batch, drop, merged, errors)
+        return ranked_rows(batch, drop, merged, errors)
 
 
 def _arrays(t: pa.Table, keep_nulls: bool = False) -> dict:

@@ -29,6 +29,7 @@ import tempfile
 from collections import OrderedDict
 from typing import Iterable
 
+import numpy as np
 import pyarrow as pa
 
 # Anserini analyzes these with a WhitespaceAnalyzer (CIRAL and Mr.TyDi conventions).
@@ -323,7 +324,7 @@ class BM25Searcher:
         return self.searchers[key]
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from xling.actors.hits import hits_rows, merge_partitions
+        from xling.actors.hits import merge_ranked, ranked_rows
 
         cols = batch.to_pydict()
         n = batch.num_rows
@@ -359,7 +360,8 @@ class BM25Searcher:
                 continue
             for qid, (i, p) in zip(qids, todo):
                 hits = res.get(qid, [])
-                found[i][p] = [(h.docid, float(h.score), plangs[i][p]) for h in hits]
+                found[i][p] = (np.array([h.docid for h in hits], object),
+                               np.array([h.score for h in hits], np.float64), plangs[i][p])
                 if hits or analyze(searcher, cols["text"][i]):
                     empty_everywhere.discard(i)
         for i in empty_everywhere:
@@ -367,9 +369,9 @@ class BM25Searcher:
                          f" analyzer): {str(cols['text'][i])[:80]!r}")
         drop = {"text", "error", "partitions", "analyzers", "partition_langs"}
         errs = [failed.get(i) for i in range(n)]
-        merged = [[] if errs[i] else merge_partitions(found[i], self.k, self.merge)
+        merged = [None if errs[i] else merge_ranked(found[i], self.k, self.merge)
                   for i in range(n)]
-        return hits_rows(batch, drop, merged, errs)
+        return ranked_rows(batch, drop, merged, errs)
 
 
 def _main(argv: list[str]) -> None:

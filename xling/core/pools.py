@@ -12,6 +12,13 @@ import math
 
 from xling.core.config import Parallelism
 
+# CPUs of a task that only reads, reshapes or writes Arrow tables around a pool. Ray Data
+# defaults a task to one CPU, and Ray does not start it until a whole CPU is free: beside a
+# pool that holds most of the CPUs, the small tasks before and after the pool then ran one
+# at a time and starved it (index, 200k documents on 2 CPUs: the pipeline took 40 s, its
+# Lucene actors were busy 13 s of it). Equal values also let Ray Data fuse such tasks.
+LIGHT_CPUS = 0.25
+
 
 def actor_pool(p: Parallelism, *, key: str, log=print):
     """`compute=` for map_batches: an ActorPoolStrategy whose minimum can actually start."""

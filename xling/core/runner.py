@@ -53,6 +53,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from xling.core.config import ConfigError, stable_hash
+from xling.core.pools import LIGHT_CPUS
 from xling.core.provenance import provenance
 from xling.core.store import RunStore
 
@@ -653,13 +654,13 @@ class Runner:
         ds = self._read_pending(cells, todo, inputs)
         out = stage.map(ds, cells, cfg)
         meta = out.map_batches(
-            _write_pieces, batch_format="pyarrow", batch_size=None, num_cpus=0.25,
+            _write_pieces, batch_format="pyarrow", batch_size=None, num_cpus=LIGHT_CPUS,
             fn_kwargs=dict(store=self.store, dirs=[c.dir for c in cells], run_id=self.run_id,
                            id_column=stage.id_column, token_column=stage.token_column))
         total = sum(e["rows"] for e in expected.values())
         # The stage's bar (run() makes it); a stage's group processed on its own gets one.
         bar = self._progress or Progress(total, stage.name, enabled=self.progress)
-        commit = ray.remote(num_cpus=0.25, max_retries=3)(_commit_shard)
+        commit = ray.remote(num_cpus=LIGHT_CPUS, max_retries=3)(_commit_shard)
         flight: dict[tuple[int, int], _Shard] = {}
         committing: dict = {}  # ObjectRef -> (cell index, shard, started)
         closed: set[tuple[int, int]] = set()
@@ -733,12 +734,12 @@ class Runner:
             info = inputs[cells[i].id]
             shard_of_file = {self.store.fs_path(f): s for s in shards
                              for f in info["shards"][str(s)]["files"]}
-            # Reading a partition is I/O: a quarter CPU, so it never keeps a pool from starting.
             ds = ray.data.read_parquet(list(shard_of_file), filesystem=self.store.fs,
-                                       shuffle=None, include_paths=True, num_cpus=0.25)
+                                       shuffle=None, include_paths=True, num_cpus=LIGHT_CPUS)
             parts.append(ds.map_batches(
                 functools.partial(_tag_rows, cell=i, shard_of_file=shard_of_file,
-                                  adapt=info.get("adapt")), batch_format="pyarrow"))
+                                  adapt=info.get("adapt")),
+                batch_format="pyarrow", num_cpus=LIGHT_CPUS))
         return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
 
     def _mark(self, stage: Stage, cell: Cell, shard: int, result: dict, started: float) -> None:
@@ -830,7 +831,9 @@ def _tag_cell(batch: pa.Table, *, index: int) -> pa.Table:
 def _tag_rows(batch: pa.Table, *, cell: int, shard_of_file: dict[str, int],
               adapt=None) -> pa.Table:
     """Partition rows -> the stage's input rows, with their cell and shard."""
-    shards = pa.array([shard_of_file[p] for p in batch["path"].to_pylist()], pa.int64())
+    paths = pc.unique(batch["path"])
+    shards = pc.take(pa.array([shard_of_file[p] for p in paths.to_pylist()], pa.int64()),
+                     pc.index_in(batch["path"], value_set=paths))
     batch = batch.drop_columns([c for c in ("path", CELL, SHARD) if c in batch.column_names])
     if adapt is not None:
         batch = adapt(batch)
@@ -855,7 +858,8 @@ def _write_pieces(batch: pa.Table, *, store: RunStore, dirs: list[str], run_id: 
     for key in np.unique(keys):
         c, s = int(key // 1_000_000_000), int(key % 1_000_000_000)
         piece = batch.filter(pa.array(keys == key))
-        rids = np.unique(rid_hashes(piece[RID]))
+        # Many rows can share a record (a query's hits): hash each distinct id once.
+        rids = np.unique(rid_hashes(pc.unique(piece[RID])))
         piece = piece.drop_columns([x for x in (RID, SHARD, CELL) if x != id_column])
         rel = f"{dirs[c]}/_tmp/{run_id}/{s:05d}/{uuid.uuid4().hex}.parquet"
         store.write_parquet(rel, piece)

@@ -29,7 +29,7 @@ from pydantic import Field
 from xling.core.config import NoHash, Parallelism, Strict, hashable
 from xling.core.llm import LLMSpec, SamplingSpec, check_model, engine_params, generate_pool
 from xling.core.models import resolve_model
-from xling.core.pools import actor_pool, pool_resources
+from xling.core.pools import LIGHT_CPUS, actor_pool, pool_resources
 from xling.core.runner import CELL, RID, Cell, Stage, part_files, read_rows, require_done
 from xling.core.store import RunStore
 from xling.studies.base import Featured
@@ -168,12 +168,13 @@ class FeaturesStage(Stage):
                 "study": cfg.study.task, "options": [c.params["options"] for c in cells]})
         if scorer == "llm":
             spec = fc.llm
-            ds = ds.map_batches(_as_prompts, batch_format="pyarrow")
+            ds = ds.map_batches(_as_prompts, batch_format="pyarrow", num_cpus=LIGHT_CPUS)
             ds = generate_pool(ds, cfg.run_root, {spec.label: spec},
                                [(spec.label, c.params["sampling"], "none") for c in cells],
                                cache=fc.cache, where="features.llm")
-            return ds.map_batches(_from_generations, batch_format="pyarrow", fn_kwargs={
-                "kinds": self.study(cfg).llm_input_kinds(cfg.study.options)})
+            kinds = self.study(cfg).llm_input_kinds(cfg.study.options)
+            return ds.map_batches(_from_generations, batch_format="pyarrow", num_cpus=LIGHT_CPUS,
+                                  fn_kwargs={"kinds": kinds})
         if scorer == "langid":
             langs = self.study(cfg).langid_langs(cfg.study.options)
             return ds.map_batches(_LangIdBatch, batch_format="pyarrow", batch_size=256,
@@ -195,7 +196,7 @@ class FeaturesStage(Stage):
                                  "max_length": spec.max_length},
                              compute=actor_pool(p, key=f"features.{scorer}.parallel"),
                              num_cpus=p.num_cpus, num_gpus=p.num_gpus)
-        return out.map_batches(_scored, batch_format="pyarrow",
+        return out.map_batches(_scored, batch_format="pyarrow", num_cpus=LIGHT_CPUS,
                                fn_kwargs={"columns": {"nli": ("entailment", "neutral",
                                                               "contradiction"),
                                                       "reranker": ("score",)}[scorer]})

@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.models import resolve_model
-from xling.core.pools import actor_pool, pool_resources
+from xling.core.pools import LIGHT_CPUS, actor_pool, pool_resources
 from xling.core.runner import (
     CELL,
     RID,
@@ -259,12 +259,12 @@ class IndexStage(Stage):
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         ic = cfg.index
         ds = ds.map_batches(functools.partial(_contents, fields=ic.contents),
-                            batch_format="pyarrow")
+                            batch_format="pyarrow", num_cpus=LIGHT_CPUS)
         if cells[0].key["engine"] == "bm25":
             # The Lucene segments are built here, from the partition's rows, in the one pass
             # over the text; finalize only merges them.
             p = ic.parallel
-            return ds.drop_columns(["title", "text"]).map_batches(
+            return ds.drop_columns(["title", "text"], num_cpus=LIGHT_CPUS).map_batches(
                 LuceneSegments, batch_format="pyarrow", batch_size=p.batch_size,
                 fn_constructor_kwargs=dict(
                     store_uri=RunStore(cfg.run_root).uri, dirs=[c.dir for c in cells],
@@ -283,7 +283,7 @@ class IndexStage(Stage):
         out = ds.map_batches(EmbedBatches, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
                              batch_size=p.batch_size, compute=actor_pool(p, key="index.dense.parallel"),
                              num_cpus=p.num_cpus, num_gpus=p.num_gpus)
-        return out.drop_columns(["title", "text", "contents"])
+        return out.drop_columns(["title", "text", "contents"], num_cpus=LIGHT_CPUS)
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         if cell.key["engine"] != "bm25":

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from pydantic import Field, model_validator
 
 from xling.core.config import NoHash, Strict
+from xling.core.pools import LIGHT_CPUS
 from xling.core.llm import (
     LLMSpec,
     LLMStage,
@@ -156,7 +157,7 @@ class JudgeStage(LLMStage):
                            [(c.key["judge"], c.params["sampling"],
                              c.params.get("parser", "verdict")) for c in cells],
                            cache=cfg.judge.cache, where="judge.judges")
-        return ds.map_batches(as_judgments, batch_format="pyarrow",
+        return ds.map_batches(as_judgments, batch_format="pyarrow", num_cpus=LIGHT_CPUS,
                               fn_kwargs={"models": [c.key.get("model") for c in cells]})
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:

@@ -29,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.models import resolve_model
-from xling.core.pools import actor_pool
+from xling.core.pools import LIGHT_CPUS, actor_pool
 from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, require_done
 from xling.core.sources import TopicSpec, read_queries, spec_files
 from xling.core.store import RunStore
@@ -272,11 +272,12 @@ class RetrieveStage(Stage):
         weights = {i: _run(cfg, c.key["run"]).weights for i, c in enumerate(cells)}
         if run.engine == "dense":
             ds = ds.map_batches(functools.partial(_with_weights, weights=weights),
-                                batch_format="pyarrow")
+                                batch_format="pyarrow", num_cpus=LIGHT_CPUS)
         out = ds.map_batches(cls, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
                              batch_size=p.batch_size, compute=actor_pool(p, key="retrieve.parallel"),
                              num_cpus=p.num_cpus, num_gpus=p.num_gpus)
-        return out.map_batches(functools.partial(_label, systems=systems), batch_format="pyarrow")
+        return out.map_batches(functools.partial(_label, systems=systems), batch_format="pyarrow",
+                               num_cpus=LIGHT_CPUS)
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         return export_trec(store, cell)
