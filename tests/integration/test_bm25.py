@@ -27,6 +27,7 @@ import pytest
 from helpers import collection, contents, ok_here, queries, top
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
+from xling.jobs.retrieve import trec_part
 
 ROOT = Path(__file__).resolve().parents[2]
 LANGS = ["fi", "ja", "sw", "ar"]  # Finnish, Japanese (Kuromoji), whitespace, Arabic
@@ -140,6 +141,10 @@ retrieve:
         assert trec_lines(ours) == trec_lines(theirs), lang
         hits = read_cell(store, f"retrieve/{rcell}")
         assert hits["error"].null_count == hits.num_rows
+        # run.trec is the parts' runs, made as each part was committed, joined: the same
+        # bytes as the run of all the hits at once; the parts' runs are then removed.
+        assert store.read_bytes(f"retrieve/{rcell}/run.trec") == trec_part(hits)
+        assert store.list(f"retrieve/{rcell}/_exports") == []
 
 
 def test_query_without_tokens_and_analyzer_fallback(tmp_path):

@@ -165,6 +165,10 @@ class Stage(ABC):
     name: str = ""
     id_column: str = RID  # where a record id goes when the runner adds an error row
     token_column: str | None = None  # output tokens for the progress bar (see TOKEN_COLUMNS)
+    # A file made from each part as it is committed, by the commit task (in parallel, while
+    # the pipeline runs): (suffix, part table -> bytes), kept at `_exports/part-NNNNN<suffix>`
+    # for `finalize` to join (`part_exports`), e.g. the TREC run of 10 M hits.
+    part_export: tuple[str, Callable[[pa.Table], bytes]] | None = None
 
     @abstractmethod
     def cells(self, cfg: XlingConfig) -> list[Cell]: ...
@@ -647,7 +651,7 @@ class Runner:
                 else:  # a shard no record hashed to: nothing to stream, commit it empty
                     self._mark(stage, cell, s, _commit_shard(
                         self.store, cell.dir, s, [], {"rows": 0}, None, stage.id_column,
-                        self.run_id), time.time())
+                        self.run_id, export=stage.part_export), time.time())
         if not todo:
             return
         expected = {(i, s): inputs[cells[i].id]["shards"][str(s)] for i, s in todo}
@@ -670,7 +674,7 @@ class Runner:
             closed.add(key)
             ref = commit.remote(self.store, cells[key[0]].dir, key[1], st.pieces, expected[key],
                                 st.seen if lost_check else None, stage.id_column, self.run_id,
-                                inputs[cells[key[0]].id].get("adapt"))
+                                inputs[cells[key[0]].id].get("adapt"), stage.part_export)
             committing[ref] = (key, st.started)
 
         def collect(block: bool) -> None:
@@ -885,16 +889,19 @@ TOKEN_COLUMNS = ("n_output_tokens", "n_tgt_tokens")
 
 def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
                   expected: dict, seen: set | None, id_column: str, run_id: str,
-                  adapt=None) -> dict:
+                  adapt=None, export=None) -> dict:
     """Ray task: a shard's output pieces -> `part-NNNNN.parquet`, written under a temporary
     name and moved into place; records the stage lost become error rows. Returns what the
-    shard's marker records."""
+    shard's marker records. The stage's `part_export` is written before the part moves into
+    place, so a committed part always has its export."""
     name = f"part-{shard:05d}.parquet"
     final = f"{cell_dir}/{name}"
     if pieces and not all(store.exists(p) for p in pieces) and store.exists(final):
         # A retry of this task after it moved the pieces (its node died before it returned):
         # no other task writes this shard's part in this run, so the part is its work.
-        table = store.read_parquet(final, columns=[ERROR])
+        table = store.read_parquet(final)
+        if export:
+            store.write_bytes(_export_path(cell_dir, shard, export[0]), export[1](table))
         errors = int(table.num_rows - pc.sum(pc.is_null(table[ERROR])).as_py())
         return {"file": name, "rows": table.num_rows, "errors": errors,
                 "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
@@ -905,7 +912,9 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
         ids = (rows if RID in rows.column_names or adapt is None else adapt(rows))[RID]
         lost = [r for r, h in zip(ids.to_pylist(), rid_hashes(ids)) if int(h) not in seen]
     if len(pieces) == 1 and not lost:
-        table = store.read_parquet(pieces[0], columns=[ERROR])
+        table = store.read_parquet(pieces[0], columns=None if export else [ERROR])
+        if export:
+            store.write_bytes(_export_path(cell_dir, shard, export[0]), export[1](table))
         store.move(pieces[0], final)
     else:
         tables = [store.read_parquet(p) for p in pieces]
@@ -916,6 +925,8 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
                  else pa.table({ERROR: pa.array([], pa.string())}))
         tmp = f"{cell_dir}/_tmp/{run_id}/{name}"
         store.write_parquet(tmp, table)
+        if export:
+            store.write_bytes(_export_path(cell_dir, shard, export[0]), export[1](table))
         store.move(tmp, final)
         for p in pieces:
             store.delete(p)
@@ -923,6 +934,20 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
     return {"file": name, "rows": table.num_rows, "errors": errors,
             "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
             "lost_records": len(lost), "pieces": len(pieces), "host": socket.gethostname()}
+
+
+def _export_path(cell_dir: str, shard: int, suffix: str) -> str:
+    return f"{cell_dir}/_exports/part-{shard:05d}{suffix}"
+
+
+def part_exports(store: RunStore, cell_dir: str, n_shards: int, suffix: str) -> bytes | None:
+    """The committed parts' exports joined in part order; None where a part has none
+    (committed by an xling that wrote none). The caller removes `_exports/` once it has
+    written what it joined."""
+    paths = [_export_path(cell_dir, s, suffix) for s in range(n_shards)]
+    if not all(store.exists(p) for p in paths):
+        return None
+    return b"".join(store.read_bytes(p) for p in paths)
 
 
 def _write_shards(batch: pa.Table, *, store: RunStore, dirs: list[str],
@@ -970,7 +995,9 @@ PLOTS = "_plots"  # a study's figures, `_plots/<name>.png`
 def part_files(store: RunStore, rel_dir: str) -> list[str]:
     """The Parquet parts a cell has committed so far: what `Stage.finalize` reads, before
     the manifest that lists them exists."""
-    return sorted(f for f in store.list(rel_dir) if f.rsplit("/", 1)[-1].startswith("part-"))
+    parent = rel_dir.strip("/")
+    return sorted(f for f in store.list(rel_dir) if f.rsplit("/", 1)[0] == parent and
+                  re.fullmatch(r"part-\d+\.parquet", f.rsplit("/", 1)[-1]))
 
 
 def committed_shards(store: RunStore, rel_dir: str) -> dict[int, dict]:

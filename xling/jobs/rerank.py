@@ -52,6 +52,7 @@ from xling.core.engines import spec_classes
 from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, read_cell
 from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
 from xling.core.store import RunStore
+from xling.jobs.retrieve import TREC_PART
 from xling.tasks.rerank import (PASSAGE_PREFIX, Candidates, fit_listwise, listwise_rerank,
                                 pairwise_prompt, pairwise_rerank, parse_choice,
                                 parse_passage_token)
@@ -272,6 +273,7 @@ def _collections(cfg: XlingConfig, up: Cell) -> list[str]:
 class RerankStage(Stage):
     name = "rerank"
     id_column = "query_id"
+    part_export = TREC_PART
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return rerank_cells(cfg)

@@ -30,7 +30,8 @@ from pydantic import Field, field_validator, model_validator
 from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.models import resolve_model
 from xling.core.pools import LIGHT_CPUS, actor_pool
-from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, require_done
+from xling.core.runner import (RID, Cell, Stage, StageFailed, part_exports, part_files,
+                               require_done)
 from xling.core.sources import TopicSpec, read_queries, spec_files
 from xling.core.store import RunStore
 from xling.jobs.index import INDEX_DIR, LUCENE_MARKER, find_index
@@ -140,7 +141,6 @@ class RetrieveConfig(Strict):
         return self
 
 
-
 MULTI = "multi"  # doc_lang key of the BordIRLines modes: partitions are chosen per query
 HITS = pa.schema([("query_id", pa.string()), ("lang", pa.string()), ("doc_id", pa.string()),
                   ("rank", pa.int32()), ("score", pa.float64()), ("doc_lang", pa.string()),
@@ -207,9 +207,23 @@ def _qt_cell(cfg: XlingConfig, ts: TopicSet, ql: str, dl: str) -> Cell:
     return translate_cell(cfg, "query", name, ql, dl)
 
 
+def trec_part(table: pa.Table) -> bytes:
+    """Hit rows -> TREC run lines; error rows and queries without hits are left out."""
+    from xling.tasks.runs import trec_run_bytes
+
+    if not table.num_rows or "doc_id" not in table.column_names:
+        return b""
+    ok = table.filter(pc.and_(pc.is_null(table["error"]), pc.is_valid(table["doc_id"])))
+    return trec_run_bytes(ok.select(["query_id", "doc_id", "rank", "score", "system"]))
+
+
+TREC_PART = (".trec", trec_part)
+
+
 class RetrieveStage(Stage):
     name = "retrieve"
     id_column = "query_id"
+    part_export = TREC_PART
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return run_cells(cfg)
@@ -297,16 +311,19 @@ def _index_cell(cfg: XlingConfig, cell_id: str) -> Cell:
 
 
 def export_trec(store: RunStore, cell: Cell) -> dict:
-    """Write the cell's hits as a TREC run file (`run.trec`), the format other tools read."""
-    from xling.tasks.runs import trec_run_bytes
-
+    """Write the cell's hits as a TREC run file (`run.trec`), the format other tools read:
+    the parts' runs, each formatted as its part was committed (`trec_part`), joined. A
+    query's hits are all in one part, so the join is the run of all the parts at once."""
     files = part_files(store, cell.dir)
-    table = store.read_parquet(files) if files else HITS.empty_table()
+    data = part_exports(store, cell.dir, cell.n_shards, TREC_PART[0])
+    cols = None if data is None else ["query_id", "doc_id", "error"]
+    table = store.read_parquet(files, columns=cols) if files else HITS.empty_table()
     ok = table.filter(pc.and_(pc.is_null(table["error"]), pc.is_valid(table["doc_id"])))
-    store.write_bytes(f"{cell.dir}/run.trec",
-                      trec_run_bytes(ok.select(["query_id", "doc_id", "rank", "score", "system"])))
+    store.write_bytes(f"{cell.dir}/run.trec", trec_part(table) if data is None else data)
+    store.delete_tree(f"{cell.dir}/_exports")
     queries = pc.count_distinct(ok["query_id"]).as_py() if ok.num_rows else 0
     return {"trec_run": "run.trec", "queries_with_hits": queries, "hits": ok.num_rows}
+
 
 
 def _translated_queries(batch: pa.Table) -> pa.Table:
@@ -400,6 +417,7 @@ class FusionStage(Stage):
 
     name = "retrieve"
     id_column = "query_id"
+    part_export = TREC_PART
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return fusion_cells(cfg)
