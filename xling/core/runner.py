@@ -214,6 +214,13 @@ class Stage(ABC):
         groups side by side (see `Runner._run_groups`)."""
         return {"CPU": 1.0}
 
+    def read_block_rows(self, cells: list[Cell], cfg: XlingConfig) -> int | None:
+        """Rows per block to read the partition in, for a stage whose map is cheap per row
+        (None: Ray Data's default, at least 200 blocks). Each block is a task of every
+        operator before the pool, and on a small cluster those tasks' start-up, not their
+        work, paced the pipeline (index, 200k documents: 208 blocks of 961 rows)."""
+        return None
+
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         """Work on a cell's committed shards before it is marked done (e.g. merging a
         Lucene index); what it returns goes into the manifest."""
@@ -655,7 +662,7 @@ class Runner:
         if not todo:
             return
         expected = {(i, s): inputs[cells[i].id]["shards"][str(s)] for i, s in todo}
-        ds = self._read_pending(cells, todo, inputs)
+        ds = self._read_pending(cells, todo, inputs, stage.read_block_rows(cells, cfg))
         out = stage.map(ds, cells, cfg)
         meta = out.map_batches(
             _write_pieces, batch_format="pyarrow", batch_size=None, num_cpus=LIGHT_CPUS,
@@ -725,7 +732,8 @@ class Runner:
             stream["stats"] = meta.stats()
         self.streams.append(stream)
 
-    def _read_pending(self, cells: list[Cell], todo: list[tuple[int, int]], inputs: dict):
+    def _read_pending(self, cells: list[Cell], todo: list[tuple[int, int]], inputs: dict,
+                      block_rows: int | None = None):
         """The pending shards' input rows, each tagged with its cell (an index into `cells`)
         and shard; a partition several cells share is read once per cell."""
         import ray.data
@@ -739,7 +747,8 @@ class Runner:
             shard_of_file = {self.store.fs_path(f): s for s in shards
                              for f in info["shards"][str(s)]["files"]}
             ds = ray.data.read_parquet(list(shard_of_file), filesystem=self.store.fs,
-                                       shuffle=None, include_paths=True, num_cpus=LIGHT_CPUS)
+                                       shuffle=None, include_paths=True, num_cpus=LIGHT_CPUS,
+                                       override_num_blocks=_read_blocks(info, shards, block_rows))
             parts.append(ds.map_batches(
                 functools.partial(_tag_rows, cell=i, shard_of_file=shard_of_file,
                                   adapt=info.get("adapt")),
@@ -934,6 +943,19 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
     return {"file": name, "rows": table.num_rows, "errors": errors,
             "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
             "lost_records": len(lost), "pieces": len(pieces), "host": socket.gethostname()}
+
+
+def _read_blocks(info: dict, shards: list[int], block_rows: int | None) -> int | None:
+    """override_num_blocks for reading a cell's pending shards: one per file at least, else
+    `block_rows` rows each, never more than Ray Data's own minimum asks for."""
+    if not block_rows:
+        return None
+    import ray.data
+
+    files = sum(len(info["shards"][str(s)]["files"]) for s in shards)
+    rows = sum(info["shards"][str(s)]["rows"] for s in shards)
+    most = ray.data.DataContext.get_current().read_op_min_num_blocks
+    return max(files, min(most, -(-rows // block_rows)))
 
 
 def _export_path(cell_dir: str, shard: int, suffix: str) -> str:

@@ -256,6 +256,10 @@ class IndexStage(Stage):
             return pool_resources(cfg.index.parallel)
         return pool_resources(cfg.index.dense.parallel)
 
+    def read_block_rows(self, cells: list[Cell], cfg: XlingConfig) -> int | None:
+        # Lucene's batches are large and Arrow-only work precedes them: a few batches a block.
+        return 4 * cfg.index.parallel.batch_size if cells[0].key["engine"] == "bm25" else None
+
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         ic = cfg.index
         ds = ds.map_batches(functools.partial(_contents, fields=ic.contents),

@@ -71,6 +71,9 @@ class IngestStage(Stage):
     def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
         return pool_resources(cfg.ingest.parallel)
 
+    def read_block_rows(self, cells: list[Cell], cfg: XlingConfig) -> int | None:
+        return 4 * cfg.ingest.parallel.batch_size  # a CPU pool: a few of its batches a block
+
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         p = cfg.ingest.parallel
         return ds.map_batches(DocumentStats, fn_constructor_kwargs={
