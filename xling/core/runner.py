@@ -752,7 +752,10 @@ class Runner:
             parts.append(ds.map_batches(
                 functools.partial(_tag_rows, cell=i, shard_of_file=shard_of_file,
                                   adapt=info.get("adapt")),
-                batch_format="pyarrow", num_cpus=LIGHT_CPUS))
+                # With large read blocks, a quarter CPU like the read fuses it into the read;
+                # otherwise the default CPU fuses it into a one-CPU pool (translate: as its own
+                # operator beside the pool, its ~200 small tasks halved the pool's rate).
+                batch_format="pyarrow", num_cpus=LIGHT_CPUS if block_rows else None))
         return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
 
     def _mark(self, stage: Stage, cell: Cell, shard: int, result: dict, started: float) -> None:
