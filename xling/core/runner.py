@@ -911,9 +911,8 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
     if pieces and not all(store.exists(p) for p in pieces) and store.exists(final):
         # A retry of this task after it moved the pieces (its node died before it returned):
         # no other task writes this shard's part in this run, so the part is its work.
-        table = store.read_parquet(final)
-        if export:
-            store.write_bytes(_export_path(cell_dir, shard, export[0]), export[1](table))
+        table = store.read_parquet(final, columns=None if export else [ERROR])
+        _write_export(store, cell_dir, shard, export, table)
         errors = int(table.num_rows - pc.sum(pc.is_null(table[ERROR])).as_py())
         return {"file": name, "rows": table.num_rows, "errors": errors,
                 "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
@@ -925,8 +924,7 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
         lost = [r for r, h in zip(ids.to_pylist(), rid_hashes(ids)) if int(h) not in seen]
     if len(pieces) == 1 and not lost:
         table = store.read_parquet(pieces[0], columns=None if export else [ERROR])
-        if export:
-            store.write_bytes(_export_path(cell_dir, shard, export[0]), export[1](table))
+        _write_export(store, cell_dir, shard, export, table)
         store.move(pieces[0], final)
     else:
         tables = [store.read_parquet(p) for p in pieces]
@@ -937,8 +935,7 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
                  else pa.table({ERROR: pa.array([], pa.string())}))
         tmp = f"{cell_dir}/_tmp/{run_id}/{name}"
         store.write_parquet(tmp, table)
-        if export:
-            store.write_bytes(_export_path(cell_dir, shard, export[0]), export[1](table))
+        _write_export(store, cell_dir, shard, export, table)
         store.move(tmp, final)
         for p in pieces:
             store.delete(p)
@@ -963,6 +960,11 @@ def _read_blocks(info: dict, shards: list[int], block_rows: int | None) -> int |
 
 def _export_path(cell_dir: str, shard: int, suffix: str) -> str:
     return f"{cell_dir}/_exports/part-{shard:05d}{suffix}"
+
+
+def _write_export(store: RunStore, cell_dir: str, shard: int, export, table: pa.Table) -> None:
+    if export:
+        store.write_bytes(_export_path(cell_dir, shard, export[0]), export[1](table))
 
 
 def part_exports(store: RunStore, cell_dir: str, n_shards: int, suffix: str) -> bytes | None:
