@@ -277,8 +277,9 @@ def generate_pool(ds, run_root: str, specs: dict, calls: list[tuple[str, dict, s
             calls=[{"model": label, "sampling": sampling, "parser": parser,
                     "options": specs[label].call_options()}
                    for label, sampling, parser in calls]),
-        compute=actor_pool(p, key=f"{where}['{first.label}'].parallel"),
-        num_cpus=p.num_cpus, num_gpus=num_gpus(first), max_concurrency=BATCHES_IN_FLIGHT)
+        compute=actor_pool(p, key=f"{where}['{first.label}'].parallel",
+                           calls_per_actor=BATCHES_IN_FLIGHT),
+        num_cpus=p.num_cpus, num_gpus=num_gpus(first))
 
 
 class StoreGenerator(StoreLLM):

@@ -20,8 +20,10 @@ from xling.core.config import Parallelism
 LIGHT_CPUS = 0.25
 
 
-def actor_pool(p: Parallelism, *, key: str, log=print):
-    """`compute=` for map_batches: an ActorPoolStrategy whose minimum can actually start."""
+def actor_pool(p: Parallelism, *, key: str, log=print, calls_per_actor: int | None = None):
+    """`compute=` for map_batches: an ActorPoolStrategy whose minimum can actually start.
+    `calls_per_actor`: map calls each actor runs at once (a coroutine UDF's batches in
+    flight; Ray 2.60 deprecates passing it as the remote arg `max_concurrency`)."""
     import ray
     import ray.data
 
@@ -39,7 +41,8 @@ def actor_pool(p: Parallelism, *, key: str, log=print):
             f"{total.get('GPU', 0):g} GPUs); starting "
             f"with {fits} actor(s), growing to {hi} when resources free up")
         lo = fits
-    return ray.data.ActorPoolStrategy(min_size=lo, max_size=max(lo, hi))
+    return ray.data.ActorPoolStrategy(min_size=lo, max_size=max(lo, hi),
+                                      max_concurrent_calls_per_actor=calls_per_actor)
 
 
 def pool_resources(p: Parallelism, num_gpus: float | None = None) -> dict:

@@ -352,8 +352,8 @@ class RerankStage(Stage):
                                        engine=engine_spec(rc.model), cache=rc.cache,
                                        env=actor_env(rc.model), cache_name=rc.model.model,
                                        calls=calls),
-            compute=actor_pool(p, key="rerank.model.parallel"),
-            num_cpus=p.num_cpus, num_gpus=num_gpus(rc.model), max_concurrency=BATCHES_IN_FLIGHT)
+            compute=actor_pool(p, key="rerank.model.parallel", calls_per_actor=BATCHES_IN_FLIGHT),
+            num_cpus=p.num_cpus, num_gpus=num_gpus(rc.model))
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         from xling.jobs.retrieve import export_trec
