@@ -3,7 +3,10 @@
 steady state  what a long job runs at once pipelines, pools and models are up. For xling:
               records / (the model operator's busy time / its actors), where busy time is
               the time its actors spent inside their calls, summed (Ray Data's operator
-              stats, recorded by the runner in `Runner.streams` and the manifest's `stream`).
+              stats, recorded by the runner in `Runner.streams` and the manifest's `stream`),
+              or records / the operator's span where that is shorter: an async actor's
+              calls overlap (generate runs 4 at once), and the sum counted each overlap
+              once per call.
               That is the pool's rate when it is never starved: it holds everything xling
               does around the engine inside the actor, and nothing of start-up, so it can
               only read above the bare engine's rate if the engine itself ran faster.
@@ -21,9 +24,11 @@ def stream_rates(runner_or_streams, wall: float, actor: str, actors: int) -> dic
     streams = getattr(runner_or_streams, "streams", runner_or_streams)
     records = sum(s["records"] for s in streams)
     busy = sum(t for s in streams for op, t in s.get("busy", {}).items() if actor in op)
+    span = sum(t for s in streams for op, t in s.get("span", {}).items() if actor in op)
+    per_actor = min(busy / actors, span) if span > 0 else busy / actors
     startup = sum(s["first_output"] - s["started"] for s in streams if s.get("first_output"))
     return {"records": records, "whole": records / wall if wall else 0.0,
-            "steady": records / (busy / actors) if busy > 0 else 0.0, "startup": startup,
+            "steady": records / per_actor if per_actor > 0 else 0.0, "startup": startup,
             "busy": busy}
 
 

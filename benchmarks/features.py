@@ -93,7 +93,7 @@ def run_xling(cls, kwargs: dict, columns: dict[str, list[str]], outputs: tuple[s
     import pyarrow as pa
     import ray.data
 
-    from xling.core.runner import _operator_busy
+    from xling.core.runner import _operator_times
 
     n = len(next(iter(columns.values())))
     table = pa.table({"id": np.arange(n), **columns})
@@ -114,7 +114,7 @@ def run_xling(cls, kwargs: dict, columns: dict[str, list[str]], outputs: tuple[s
                                        for c in outputs])
         errors += batch.num_rows - batch["error"].null_count
     wall = time.perf_counter() - t
-    stream["busy"] = _operator_busy(ds)
+    stream["busy"], stream["span"] = _operator_times(ds)
     if errors:
         print(f"  xling {cls.__name__}: {errors} error rows")
     return values, stream_rates([stream], wall, cls.__name__, actors)

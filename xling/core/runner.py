@@ -727,7 +727,7 @@ class Runner:
         if bar is not self._progress:
             bar.close()
         stream["ended"] = time.time()
-        stream["busy"] = _operator_busy(meta)
+        stream["busy"], stream["span"] = _operator_times(meta)
         if os.environ.get("XLING_STREAM_STATS"):  # Ray Data's per-operator times (benchmarks)
             stream["stats"] = meta.stats()
         self.streams.append(stream)
@@ -813,19 +813,26 @@ class Runner:
         return CellReport(cell, "done", rows, errors, ran, cell.n_shards, time.time() - t0)
 
 
-def _operator_busy(ds) -> dict[str, float]:
-    """Seconds each operator of a finished pipeline spent in its tasks or actor calls (summed
-    over them): what a benchmark divides by to get an actor pool's steady rate."""
+def _operator_times(ds) -> tuple[dict[str, float], dict[str, float]]:
+    """Per operator of a finished pipeline: the seconds spent in its tasks or actor calls
+    (summed over them), and its span (first task start to last task end). A benchmark
+    divides by these to get an actor pool's steady rate; calls that overlap (an async actor
+    runs several batches at once) count once each in the sum, once in the span."""
     def ops(summary):  # each summary holds its last operators; the earlier ones are parents
         yield from summary.operators_stats
         for parent in summary.parents:
             yield from ops(parent)
 
+    busy, span = {}, {}
     try:
-        return {op.operator_name: round(op.wall_time.sum, 3)
-                for op in ops(ds._get_stats_summary()) if op.wall_time}
+        for op in ops(ds._get_stats_summary()):
+            if op.wall_time:
+                busy[op.operator_name] = round(op.wall_time.sum, 3)
+            if op.earliest_start_time and op.latest_end_time:
+                span[op.operator_name] = round(op.latest_end_time - op.earliest_start_time, 3)
     except Exception:  # a private Ray Data API: an accounting aid, never a failure
-        return {}
+        pass
+    return busy, span
 
 
 def _with_tasks(demand: dict) -> dict:
