@@ -27,7 +27,7 @@ import pytest
 from helpers import collection, contents, ok_here, queries, top
 from xling.core.runner import read_cell
 from xling.core.store import RunStore
-from xling.jobs.retrieve import trec_part
+from xling.tasks.runs import hits_trec_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 LANGS = ["fi", "ja", "sw", "ar"]  # Finnish, Japanese (Kuromoji), whitespace, Arabic
@@ -143,7 +143,7 @@ retrieve:
         assert hits["error"].null_count == hits.num_rows
         # run.trec is the parts' runs, made as each part was committed, joined: the same
         # bytes as the run of all the hits at once; the parts' runs are then removed.
-        assert store.read_bytes(f"retrieve/{rcell}/run.trec") == trec_part(hits)
+        assert store.read_bytes(f"retrieve/{rcell}/run.trec") == hits_trec_bytes(hits)
         assert store.list(f"retrieve/{rcell}/_exports") == []
 
 

@@ -7,8 +7,8 @@ import pyarrow as pa
 
 from xling.core.runner import Cell, _commit_shard, part_files
 from xling.core.store import RunStore
-from xling.jobs.retrieve import TREC_PART, export_trec, trec_part
-from xling.tasks.runs import trec_run_bytes
+from xling.jobs.retrieve import TREC_PART, export_trec
+from xling.tasks.runs import hits_trec_bytes, trec_run_bytes
 
 
 def _hits(queries: list[str], depth: int, seed: int) -> pa.Table:
@@ -59,7 +59,7 @@ def test_a_part_without_its_export_falls_back_to_the_whole_run(tmp_path):
     store.delete(f"{cell.dir}/_exports/part-00001.trec")
     export_trec(store, cell)
     assert store.read_bytes(f"{cell.dir}/run.trec") == joined
-    assert joined == trec_part(store.read_parquet(part_files(store, cell.dir)))
+    assert joined == hits_trec_bytes(store.read_parquet(part_files(store, cell.dir)))
 
 
 def test_a_retried_commit_whose_part_had_moved_still_writes_the_export(tmp_path):
@@ -69,4 +69,4 @@ def test_a_retried_commit_whose_part_had_moved_still_writes_the_export(tmp_path)
     store.write_parquet(f"{cell.dir}/part-00000.parquet", t)  # moved by the first attempt
     _commit_shard(store, cell.dir, 0, [f"{cell.dir}/_tmp/run1/00000/gone.parquet"],
                   {"rows": t.num_rows}, None, "query_id", "run1", export=TREC_PART)
-    assert store.read_bytes(f"{cell.dir}/_exports/part-00000.trec") == trec_part(t)
+    assert store.read_bytes(f"{cell.dir}/_exports/part-00000.trec") == hits_trec_bytes(t)

@@ -134,7 +134,7 @@ def pyserini_run_name(key: dict) -> str:
 def export_trec_runs(store: RunStore, dest: str | Path) -> list[Path]:
     """Every finished retrieve and rerank cell's TREC run into `dest` under pyserini's names
     (its `run.trec` where the cell wrote one, else written from its hits)."""
-    from xling.tasks.runs import trec_run_bytes
+    from xling.tasks.runs import hits_trec_bytes
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -153,11 +153,7 @@ def export_trec_runs(store: RunStore, dest: str | Path) -> list[Path]:
             if store.exists(rel):
                 data = store.read_bytes(rel)
             else:
-                t = read_cell(store, f"{stage}/{cell}")
-                if "error" in t.column_names:
-                    t = t.filter(pc.is_null(t["error"]))
-                t = t.filter(pc.is_valid(t["doc_id"]))
-                data = trec_run_bytes(t.select(["query_id", "doc_id", "rank", "score", "system"]))
+                data = hits_trec_bytes(read_cell(store, f"{stage}/{cell}"))
             (dest / name).write_bytes(data)
             out.append(dest / name)
     return out

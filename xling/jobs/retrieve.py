@@ -36,6 +36,7 @@ from xling.core.sources import TopicSpec, read_queries, spec_files
 from xling.core.store import RunStore
 from xling.jobs.index import INDEX_DIR, LUCENE_MARKER, find_index
 from xling.jobs.translate import translate_cell
+from xling.tasks.runs import hits_trec_bytes
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -207,17 +208,7 @@ def _qt_cell(cfg: XlingConfig, ts: TopicSet, ql: str, dl: str) -> Cell:
     return translate_cell(cfg, "query", name, ql, dl)
 
 
-def trec_part(table: pa.Table) -> bytes:
-    """Hit rows -> TREC run lines; error rows and queries without hits are left out."""
-    from xling.tasks.runs import trec_run_bytes
-
-    if not table.num_rows or "doc_id" not in table.column_names:
-        return b""
-    ok = table.filter(pc.and_(pc.is_null(table["error"]), pc.is_valid(table["doc_id"])))
-    return trec_run_bytes(ok.select(["query_id", "doc_id", "rank", "score", "system"]))
-
-
-TREC_PART = (".trec", trec_part)
+TREC_PART = (".trec", hits_trec_bytes)  # each part's TREC run, made by its commit task
 
 
 class RetrieveStage(Stage):
@@ -312,18 +303,17 @@ def _index_cell(cfg: XlingConfig, cell_id: str) -> Cell:
 
 def export_trec(store: RunStore, cell: Cell) -> dict:
     """Write the cell's hits as a TREC run file (`run.trec`), the format other tools read:
-    the parts' runs, each formatted as its part was committed (`trec_part`), joined. A
+    the parts' runs, each formatted as its part was committed (`TREC_PART`), joined. A
     query's hits are all in one part, so the join is the run of all the parts at once."""
     files = part_files(store, cell.dir)
     data = part_exports(store, cell.dir, cell.n_shards, TREC_PART[0])
     cols = None if data is None else ["query_id", "doc_id", "error"]
     table = store.read_parquet(files, columns=cols) if files else HITS.empty_table()
     ok = table.filter(pc.and_(pc.is_null(table["error"]), pc.is_valid(table["doc_id"])))
-    store.write_bytes(f"{cell.dir}/run.trec", trec_part(table) if data is None else data)
+    store.write_bytes(f"{cell.dir}/run.trec", hits_trec_bytes(table) if data is None else data)
     store.delete_tree(f"{cell.dir}/_exports")
     queries = pc.count_distinct(ok["query_id"]).as_py() if ok.num_rows else 0
     return {"trec_run": "run.trec", "queries_with_hits": queries, "hits": ok.num_rows}
-
 
 
 def _translated_queries(batch: pa.Table) -> pa.Table:

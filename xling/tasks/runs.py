@@ -208,6 +208,17 @@ def write_trec_run(table: pa.Table, dest: str | Path | IO) -> None:
             dest.write(data.decode("utf-8"))
 
 
+def hits_trec_bytes(table: pa.Table) -> bytes:
+    """Hit rows, as a stage commits them -> `trec_run_bytes`; error rows and queries without
+    hits (no doc_id) are left out."""
+    if not table.num_rows or "doc_id" not in table.column_names:
+        return b""
+    if "error" in table.column_names:
+        table = table.filter(pc.is_null(table["error"]))
+    table = table.filter(pc.is_valid(table["doc_id"]))
+    return trec_run_bytes(table.select(["query_id", "doc_id", "rank", "score", "system"]))
+
+
 # Rows formatted per Arrow call: each call's lines stay far below a string array's 2 GiB.
 _TREC_CHUNK = 1 << 20
 
