@@ -748,7 +748,8 @@ class Runner:
                              for f in info["shards"][str(s)]["files"]}
             ds = ray.data.read_parquet(list(shard_of_file), filesystem=self.store.fs,
                                        shuffle=None, include_paths=True, num_cpus=LIGHT_CPUS,
-                                       override_num_blocks=_read_blocks(info, shards, block_rows))
+                                       override_num_blocks=_read_blocks(
+                                           len(shard_of_file), info, shards, block_rows))
             parts.append(ds.map_batches(
                 functools.partial(_tag_rows, cell=i, shard_of_file=shard_of_file,
                                   adapt=info.get("adapt")),
@@ -952,14 +953,13 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
             "lost_records": len(lost), "pieces": len(pieces), "host": socket.gethostname()}
 
 
-def _read_blocks(info: dict, shards: list[int], block_rows: int | None) -> int | None:
-    """override_num_blocks for reading a cell's pending shards: one per file at least, else
-    `block_rows` rows each, never more than Ray Data's own minimum asks for."""
+def _read_blocks(files: int, info: dict, shards: list[int], block_rows: int | None) -> int | None:
+    """override_num_blocks for reading a cell's pending shards (`files` files): one per file
+    at least, else `block_rows` rows each, never more than Ray Data's own minimum asks for."""
     if not block_rows:
         return None
     import ray.data
 
-    files = sum(len(info["shards"][str(s)]["files"]) for s in shards)
     rows = sum(info["shards"][str(s)]["rows"] for s in shards)
     most = ray.data.DataContext.get_current().read_op_min_num_blocks
     return max(files, min(most, -(-rows // block_rows)))
