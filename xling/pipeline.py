@@ -122,6 +122,7 @@ def sync_logs(console, store: RunStore, *, workers: bool = False, address=None) 
 
 def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) -> int:
     """Run stages of one config, or of a sweep's configs together (one run root)."""
+    from xling.core.hosts import plan_hosts, sharing
     from xling.core.runner import Runner
     from xling.core.runtime import init_ray
     from xling.jobs.report import write_report
@@ -164,20 +165,27 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
             if name != "report":
                 registry[name]().prepare(one, store, upstream=tuple(stages[:i]))
     attach_logs(console, cfgs[0], runner.run_id)
-    if any(s != "report" and not is_driver_stage(registry[s]) for s in stages):
+    ray_stages = [s for s in stages if s != "report" and not is_driver_stage(registry[s])]
+    if ray_stages:
         init_ray(cfgs[0], args.address, console.level)
+    # Engines that several of these stages ask for start once, for all of them.
+    hosts = plan_hosts([(name, [e for one in cfgs for e in registry[name]().engines(one)])
+                        for name in ray_stages], log=console.say)
     try:
-        for name in stages:
-            if name == "report":
-                print_report(console, store, write_report(store, cfgs, registry))
-            elif is_driver_stage(registry[name]):
-                run_driver_stage(console, registry[name], cfgs, store, args.force)
-            else:
-                stage = registry[name]()
-                runner.run(stage, cfgs if len(cfgs) > 1 else cfgs[0])
-                for one in cfgs:
-                    stage.after_run(one, runner)
-            sync_logs(console, store)
+        with sharing(hosts):
+            for name in stages:
+                if name == "report":
+                    print_report(console, store, write_report(store, cfgs, registry))
+                elif is_driver_stage(registry[name]):
+                    run_driver_stage(console, registry[name], cfgs, store, args.force)
+                else:
+                    stage = registry[name]()
+                    hosts.stage_start(name)
+                    runner.run(stage, cfgs if len(cfgs) > 1 else cfgs[0])
+                    hosts.stage_done(name)
+                    for one in cfgs:
+                        stage.after_run(one, runner)
+                sync_logs(console, store)
     finally:
         note = sync_logs(console, store, workers=True, address=args.address)
         if note:

@@ -156,6 +156,9 @@ def test_xrag_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
         server.reply_fn = xrag_reply
         out = ok("run", "--config", str(ROOT / "configs/xrag.yaml"),
                  *xrag_overrides(run_root, server.url))
+    # generate and judge-a ask for the same engine (their too_long and sampling are sent
+    # per call): it starts once, in a host both stages' pools send their prompts to.
+    assert "tiny (tiny:llama_chat): 1 engine(s) shared by generate, judge, started once" in out
     store = RunStore(run_root)
     gens = manifests(store, "generate")
     assert len(gens) == 6 * 2 * 2  # settings x langs x models

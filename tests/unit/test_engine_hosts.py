@@ -1,0 +1,51 @@
+"""Which stages of a run share an LLM engine (core/hosts.plan_hosts): stages next to each
+other that ask for the same engine, whatever their per-call settings and sampling; never an
+endpoint, never across a stage that does not use it. The shared path itself runs for real
+in tests/e2e/test_studies.py (XRAG: generate and judge on one tiny vLLM engine)."""
+
+from __future__ import annotations
+
+from xling.core.hosts import host_key, plan_hosts
+from xling.core.llm import parse_llm_spec
+
+
+def spec(name: str, model: str = "org/chat", **kw):
+    return parse_llm_spec({"name": name, "model": model, "max_model_len": 1024, **kw})
+
+
+def test_neighbouring_stages_share_an_engine_across_per_call_settings():
+    gen = spec("tiny", too_long="truncate", sampling={"temperature": 0.0, "max_tokens": 8})
+    judge_a = spec("judge-a", too_long="refuse")
+    judge_b = spec("judge-b", sampling={"temperature": 1.0, "max_tokens": 32, "seed": 2})
+    other = spec("big", model="org/other")
+    assert host_key(gen) == host_key(judge_a) == host_key(judge_b) != host_key(other)
+    hosts = plan_hosts([("generate", [gen, other]), ("judge", [judge_a, judge_b])])
+    span = ("generate", "judge")
+    assert hosts.spans == {(host_key(gen), "generate"): span, (host_key(gen), "judge"): span}
+    # The hosts are sized from every entry of the span (the judges' as well).
+    assert hosts.specs[(host_key(gen), span)] == [gen, judge_a, judge_b]
+    hosts.stage_start("judge")
+    assert hosts.shares(judge_b) and not hosts.shares(other)
+    hosts.stage_start("generate")
+    assert not hosts.shares(other)  # asked for by generate alone: stays in its pool
+
+
+def test_an_engine_setting_that_changes_the_engine_is_not_shared():
+    a, b = spec("a"), spec("b", max_model_len=2048)
+    assert plan_hosts([("generate", [a]), ("judge", [b])]).spans == {}
+
+
+def test_no_host_is_kept_through_a_stage_that_does_not_use_it():
+    a = spec("a")
+    hosts = plan_hosts([("generate", [a]), ("features", []), ("judge", [spec("j")])])
+    assert hosts.spans == {}
+    # ...but a run of three neighbours shares one span.
+    hosts = plan_hosts([("generate", [a]), ("features", [spec("f")]), ("judge", [spec("j")]),
+                        ("rerank", [])])
+    assert set(hosts.spans.values()) == {("generate", "features", "judge")}
+
+
+def test_endpoints_are_never_hosted():
+    api = parse_llm_spec({"name": "api", "backend": "openai", "model": "m",
+                          "base_url": "http://127.0.0.1:9/v1", "api_key_env": None})
+    assert plan_hosts([("generate", [api]), ("judge", [api])]).spans == {}

