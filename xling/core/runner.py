@@ -499,6 +499,9 @@ class Runner:
         import ray
 
         total = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+        log_release = functools.partial(
+            self.detail, f"[{stage.name}] stopped idle shared engines to make room for the "
+                         "next group (a later stage that shares them starts them again)")
 
         def engine(gi: int):  # the shared engine the group's pool forwards to, if any
             if hosts is None:
@@ -520,6 +523,11 @@ class Runner:
             return all(v <= total.get(k, 0) - taken.get(k, 0) + 1e-9
                        for k, v in demand(gi).items())
 
+        if len(groups) == 1:  # on this thread, so that Ctrl-C stops it
+            if not fits(0, {}) and hosts.release(keep=engine(0)):
+                log_release()
+            self._run_group(stage, groups[0], cfg_of, inputs, reports)
+            return
         queue, running = list(range(len(groups))), {}
         if hosts is not None:  # groups that would start a host last, those that use one first
             queue.sort(key=lambda gi: (engine(gi) is not None)
@@ -531,8 +539,7 @@ class Runner:
                         if running:
                             continue
                         if hosts is not None and hosts.release(keep=engine(gi)):
-                            self.detail(f"[{stage.name}] stopped the shared engines idle "
-                                        "hosts held, to make room for the next group")
+                            log_release()
                     running[pool.submit(self._run_group, stage, groups[gi], cfg_of, inputs,
                                         reports)] = gi
                     queue.remove(gi)

@@ -135,7 +135,9 @@ class FeaturesStage(Stage):
                 require_done(store, g, "the features stage")
 
     def engines(self, cfg: XlingConfig) -> list:
-        if cfg.features is None or cfg.features.llm is None or all(c.key["scorer"] != "llm" for c in self.cells(cfg)):
+        if cfg.features is None or cfg.features.llm is None:
+            return []
+        if all(c.key["scorer"] != "llm" for c in self.cells(cfg)):
             return []
         return [cfg.features.llm]
 
