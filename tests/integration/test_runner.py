@@ -387,3 +387,66 @@ def test_idle_workers_are_kept_for_the_next_tasks(ray_local):
     first = round_of_six()
     time.sleep(3)
     assert len(first) == 6 and round_of_six() == first
+
+
+# ------------------------------------------------------------------------------------------
+# Groups beside a shared engine's hosts (core/hosts.py)
+
+
+class Holder:
+    """Stands in for an EngineHost: it only holds CPUs, as a host's engine does."""
+
+    def ping(self) -> bool:
+        return True
+
+
+class HostedPoolStage(TwoPoolStage):
+    """Group "first" forwards to a shared engine (no CPU of its own), "second" does not."""
+
+    def __init__(self, rows, log_dir, spec):
+        super().__init__(rows, log_dir, 1.0)
+        self.spec = spec
+
+    def engine_of(self, cells, cfg):
+        return self.spec if cells[0].key["set"] == "first" else None
+
+    def map(self, ds, cells, cfg):
+        import ray.data
+
+        cpus = 0 if cells[0].key["set"] == "first" else self.num_cpus
+        return ds.map_batches(Sleeper, batch_format="pyarrow", batch_size=4,
+                              fn_constructor_args=(self.log_dir, cells[0].key["set"]),
+                              compute=ray.data.ActorPoolStrategy(size=1), num_cpus=cpus)
+
+
+def test_groups_beside_shared_engine_hosts(ray_local, tmp_path):
+    """The group that uses a live host runs first; the other cannot start beside what the
+    host holds, so once nothing runs, the idle host is stopped and the group runs (without
+    that, its pool waited for the CPUs forever)."""
+    import ray
+
+    from xling.core.hosts import host_key, plan_hosts, sharing
+    from xling.core.llm import parse_llm_spec
+
+    spec = parse_llm_spec({"name": "chat", "model": "org/chat"})
+    hosts = plan_hosts([("echo", [spec]), ("judge", [spec])])
+    # What a host may hold: all but the one CPU the stages' tasks need (hosts._start).
+    held = ray.cluster_resources()["CPU"] - 1
+    holder = ray.remote(Holder).options(num_cpus=held).remote()
+    assert ray.get(holder.ping.remote())
+    hosts.live[host_key(spec)], hosts.holds[host_key(spec)] = [holder], {"CPU": held}
+    hosts.stage_start("echo")
+    log_dir = tmp_path / "alive"
+    log_dir.mkdir()
+    lines = []
+    runner = Runner(RunStore(str(tmp_path / "run")), progress=False, detail=lines.append)
+    with sharing(hosts):
+        runner.run(HostedPoolStage(ROWS[:12], str(log_dir), spec), None)
+        assert not hosts.live  # stopped to make room
+    life = _lifetimes(log_dir)
+    assert life["first"][1] < life["second"][0]  # the host's group first, then the other
+    assert any("stopped idle shared engines" in line for line in lines)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(holder.ping.remote())
+    for cell in HostedPoolStage(ROWS[:12], "", spec).cells(None):
+        assert len(read_cell(RunStore(str(tmp_path / "run")), cell.dir)) == 12

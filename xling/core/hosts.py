@@ -129,10 +129,17 @@ class EngineHosts:
             return None
         with self.lock:
             if key not in self.live:
-                self.live[key], self.holds[key] = self._start(self.specs[(key, span)], span)
+                started = self._start(self.specs[(key, span)], span)
+                if started is None:  # stays in each stage's pool, as without a plan
+                    self.spans = {k: v for k, v in self.spans.items() if k[0] != key}
+                    return None
+                self.live[key], self.holds[key] = started
             return self.live[key]
 
-    def _start(self, specs: list[EngineSpec], span: tuple[str, ...]) -> tuple[list, dict]:
+    def _start(self, specs: list[EngineSpec], span: tuple[str, ...]) -> tuple[list, dict] | None:
+        """Start the hosts; None when even one would not leave a CPU for the stages' tasks
+        (their partition pass, reads and writes): a host outlives its group, and they would
+        wait for it."""
         import ray
 
         first = specs[0]
@@ -142,11 +149,16 @@ class EngineHosts:
         total = ray.cluster_resources()
         fits = []
         if cpus:
-            # one CPU left for the pipeline's tasks, as core/pools.actor_pool leaves
             fits.append(math.floor((total.get("CPU", 0) - 1) / cpus))
         if gpus:
             fits.append(math.floor(total.get("GPU", 0) / gpus))
-        n = max(1, min([want, *fits]))
+        n = min([want, *fits])
+        if n < 1:
+            self.log(f"[xling] {first.label} ({first.model}): not shared by {', '.join(span)}: "
+                     f"one engine's num_cpus={cpus:g}/num_gpus={gpus:g} would leave no CPU for "
+                     f"the stages' tasks on this cluster ({total.get('CPU', 0):g} CPUs, "
+                     f"{total.get('GPU', 0):g} GPUs); each stage starts its own")
+            return None
         self.log(f"[xling] {first.label} ({first.model}): {n} engine(s) shared by "
                  f"{', '.join(span)}, started once for them")
         actor = ray.remote(EngineHost).options(num_cpus=cpus, num_gpus=gpus,
