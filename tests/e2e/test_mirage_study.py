@@ -184,3 +184,40 @@ def test_mirage_published_layouts_read_from_s3(s3_env):
 
     got, want = run(f"s3://xling-test/{prefix}"), run(str(MIRAGE_DATA))
     assert got.keys() == want.keys() and got == pytest.approx(want, nan_ok=True)
+
+
+def test_one_engine_for_generate_features_and_arena(tmp_path, tiny_models, ray_local):
+    """The tiny vLLM model as generator, pointwise judge and arena judge: the three stages
+    share one engine (core/hosts.py), not three pools. The features stage's other scorers
+    cannot start beside the CPU that the engine holds on 2 CPUs, so the runner stops it
+    there, and judge starts it again. Nothing waits forever, and every cell commits."""
+    if "nli_deberta" not in tiny_models or "xlmr_reranker" not in tiny_models:
+        pytest.skip("tiny NLI / reranker models not built (xling models tiny)")
+    run_root = str(tmp_path / "run")
+    tiny = ("{name: NAME, backend: vllm, model: tiny:llama_chat, max_model_len: 1024, "
+            "dtype: float32, enforce_eager: true, parallel: {concurrency: [1, 1], batch_size: 8}}")
+    with LLMServer(models=STRENGTH) as server:
+        server.reply_fn = generator_reply
+        out = ok_here("run", "--config", str(ROOT / "configs/mirage.yaml"),
+                      *mirage_overrides(run_root, server.url),
+                      "features.llm=" + tiny.replace("NAME", "tiny-pointwise"),
+                      # the arena prompt (two answers and their passages) is longer than
+                      # the tiny model's context: cut it; too_long is per call, so the
+                      # engine is still the one the generator uses
+                      "judge.judges=[" + tiny.replace("NAME", "tiny-arena")[:-1]
+                      + ", too_long: truncate}]",
+                      "features.sampling.max_tokens=16", "judge.sampling.max_tokens=16",
+                      "stages=[generate, features, judge]")
+    assert ("tiny (tiny:llama_chat): 1 engine(s) shared by generate, features, judge, "
+            "started once for them") in out
+    assert "tiny (tiny:llama_chat): 1 engine(s) started again for judge" in out
+    store = RunStore(run_root)
+    assert len(manifests(store, "generate")) == 8
+    assert len(manifests(store, "features")) == 2 * 5
+    arena = manifests(store, "judge")
+    assert len(arena) == 2
+    for m in arena:  # every pair went through the engine (the tiny model's text names no
+        rows = read_cell(store, m["dir"]).to_pylist()  # verdict: a counted parse error)
+        assert len(rows) == 4 * 6
+        assert all(r["n_output_tokens"] and r["raw"] is not None for r in rows)
+        assert {r["error"] for r in rows} <= {None, "no [[A]], [[B]] or [[C]] verdict"}

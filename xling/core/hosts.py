@@ -96,6 +96,7 @@ class EngineHosts:
         self.stage: str | None = None
         self.live: dict[str, list] = {}  # engine key -> its hosts
         self.holds: dict[str, dict] = {}  # engine key -> the CPUs and GPUs its hosts hold
+        self.stopped: set[str] = set()  # engine keys whose hosts `release` stopped
         self.lock = threading.Lock()  # a stage's groups run on threads side by side
 
     def shares(self, spec: EngineSpec) -> bool:
@@ -118,6 +119,7 @@ class EngineHosts:
         gone = [k for k in self.live if k != kept]
         for key in gone:
             self._kill(key)
+        self.stopped.update(gone)
         return bool(gone)
 
     def handles(self, spec: EngineSpec) -> list | None:
@@ -159,8 +161,12 @@ class EngineHosts:
                      f"the stages' tasks on this cluster ({total.get('CPU', 0):g} CPUs, "
                      f"{total.get('GPU', 0):g} GPUs); each stage starts its own")
             return None
-        self.log(f"[xling] {first.label} ({first.model}): {n} engine(s) shared by "
-                 f"{', '.join(span)}, started once for them")
+        if host_key(first) in self.stopped:
+            self.log(f"[xling] {first.label} ({first.model}): {n} engine(s) started again for "
+                     f"{self.stage} (stopped earlier to make room for another group)")
+        else:
+            self.log(f"[xling] {first.label} ({first.model}): {n} engine(s) shared by "
+                     f"{', '.join(span)}, started once for them")
         actor = ray.remote(EngineHost).options(num_cpus=cpus, num_gpus=gpus,
                                                max_concurrency=1000)
         engine = {"backend": first.backend, **first.engine_args()}
