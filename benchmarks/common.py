@@ -16,6 +16,8 @@ whole run     records / wall time, start-up included (and broken out).
 
 from __future__ import annotations
 
+import os
+
 
 def stream_rates(runner_or_streams, wall: float, actor: str, actors: int) -> dict:
     """xling's rates from the streams of one stage run (a Runner, or the manifest's
@@ -51,3 +53,20 @@ def print_ratios(unit: str, bare_steady: float, bare_whole: float, x: dict,
     print(f"{'steady ' + unit:22s} {bare_steady:12.1f} {x['steady']:12.1f} "
           f"{x['steady'] / bare_steady if bare_steady else 0:7.2f}")
     print(f"{'start-up s':22s} {bare_startup:12.1f} {x['startup']:12.1f}")
+
+
+def cpu_seconds() -> dict:
+    """CPU seconds used so far by this process (the driver: planning, Ray Data's executor,
+    the runner's commits) and by the whole machine (/proc/stat; Linux), to tell a stage's
+    overhead on the driver from its workers' work."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    out = {"driver": ru.ru_utime + ru.ru_stime}
+    try:
+        with open("/proc/stat") as f:
+            user, nice, system = (int(x) for x in f.readline().split()[1:4])
+        out["machine"] = (user + nice + system) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        out["machine"] = float("nan")
+    return out

@@ -172,6 +172,10 @@ def main() -> None:
     print(f"  xling search wall {wall:.1f} s: start-up {xs['startup']:.1f} s, pipeline "
           f"{stream['ended'] - stream['started']:.1f} s, outside the pipeline (plan, last "
           f"commits, TREC export) {wall - (stream['ended'] - stream['started']):.1f} s")
+    cpu = xs["cpu"]
+    print(f"  CPU during xling's search: {cpu['machine']:.1f} CPU-s on the machine "
+          f"({cpu['machine'] / wall:.2f} cores busy of {os.cpu_count()}), of which the "
+          f"driver {cpu['driver']:.1f}")
     for op, busy in sorted(stream.get("busy", {}).items(), key=lambda kv: -kv[1]):
         print(f"    {op:60s} busy {busy:8.1f} s")
 

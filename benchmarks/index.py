@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import print_ratios, print_stats, stream_rates
+from common import cpu_seconds, print_ratios, print_stats, stream_rates
 
 import numpy as np
 
@@ -92,16 +92,18 @@ def run_xling(cfg, index_stage, index_actor: tuple[str, int], search_actor: tupl
     ray.data.DataContext.get_current().enable_progress_bars = False
     store = RunStore(cfg.run_root)
     runner = Runner(store, progress=False, log=lambda *_: None)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), cpu_seconds()
     runner.run(index_stage, cfg)
     index = stream_rates(runner, time.perf_counter() - t, *index_actor)
+    index["cpu"] = {k: v - cpu[k] for k, v in cpu_seconds().items()}
     print_stats(runner)
     if not search:
         return index, None, 0
     runner = Runner(store, progress=False, log=lambda *_: None)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), cpu_seconds()
     runner.run(RetrieveStage(), cfg)
     search = stream_rates(runner, time.perf_counter() - t, *search_actor)
+    search["cpu"] = {k: v - cpu[k] for k, v in cpu_seconds().items()}
     print_stats(runner)
     [rcell] = store.list_dirs("retrieve")
     return index, search, store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]

@@ -55,6 +55,24 @@ class EngineHost:
         return True
 
 
+def start_hosts(spec: EngineSpec, n: int, cpus: float, gpus: float) -> list:
+    """`n` EngineHost actors for `spec`'s engine, up (or this raises).
+
+    A host whose process dies (the engine crashed or ran out of memory, its node was lost)
+    is started again and the calls it had in flight are sent again, as Ray Data does for its
+    own pools' actors (max_restarts and max_task_retries -1). Nothing is lost or doubled: a
+    forwarder stores a completion only once it has it. An error that `__init__` raises (a
+    bad model, say) is not a death, so it fails the stage at once instead."""
+    import ray
+
+    actor = ray.remote(EngineHost).options(num_cpus=cpus, num_gpus=gpus, max_concurrency=1000,
+                                           max_restarts=-1, max_task_retries=-1)
+    engine = {"backend": spec.backend, **spec.engine_args()}
+    hosts = [actor.remote(engine, spec.actor_env()) for _ in range(n)]
+    ray.get([h.ready.remote() for h in hosts])
+    return hosts
+
+
 class HostedEngine(LLMEngine):
     """An engine that lives in `EngineHost` actors: each call goes to the host with the
     fewest of this caller's calls in flight."""
@@ -167,12 +185,7 @@ class EngineHosts:
         else:
             self.log(f"[xling] {first.label} ({first.model}): {n} engine(s) shared by "
                      f"{', '.join(span)}, started once for them")
-        actor = ray.remote(EngineHost).options(num_cpus=cpus, num_gpus=gpus,
-                                               max_concurrency=1000)
-        engine = {"backend": first.backend, **first.engine_args()}
-        hosts = [actor.remote(engine, first.actor_env()) for _ in range(n)]
-        ray.get([h.ready.remote() for h in hosts])  # the engines are up (or this raises)
-        return hosts, {"CPU": n * cpus, "GPU": n * gpus}
+        return start_hosts(first, n, cpus, gpus), {"CPU": n * cpus, "GPU": n * gpus}
 
     def stage_start(self, stage: str) -> None:
         self.stage = stage
