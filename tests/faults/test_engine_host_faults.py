@@ -1,5 +1,6 @@
 """A shared engine's host process killed mid-call (core/hosts.py): the host starts again and
-the call in flight is sent again, so the stages that forward to it lose nothing.
+the call in flight is sent again, so the stages that forward to it lose nothing; a call
+whose host dies every time it is sent fails (its stage fails) instead of hanging the run.
 
 The engine here is an OpenAI-compatible endpoint (tests/llm_server.py, its `slow` model
 answers after 2 s), so the kill lands while the call waits for its answer; the run plans
@@ -14,10 +15,11 @@ import signal
 import threading
 import time
 
+import pytest
 from llm_server import LLMServer
 
 from xling.actors.llm import Sampling
-from xling.core.hosts import HostedEngine, start_hosts
+from xling.core.hosts import CALL_RETRIES, HostedEngine, start_hosts
 from xling.core.llm import parse_llm_spec
 
 
@@ -27,11 +29,14 @@ def _host_pid(actor) -> int:
     return ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()))
 
 
+def _slow_endpoint(server: LLMServer):
+    return parse_llm_spec({"name": "ep", "backend": "openai", "model": "slow",
+                           "base_url": server.url, "api_key_env": None})
+
+
 def test_a_killed_engine_host_starts_again_and_its_call_is_sent_again(ray_local):
     with LLMServer(models=("slow",)) as server:
-        spec = parse_llm_spec({"name": "ep", "backend": "openai", "model": "slow",
-                               "base_url": server.url, "api_key_env": None})
-        [host] = start_hosts(spec, 1, 0, 0)
+        [host] = start_hosts(_slow_endpoint(server), 1, 0, 0)
         first_pid = _host_pid(host)
         engine = HostedEngine([host], "slow")
 
@@ -51,3 +56,29 @@ def test_a_killed_engine_host_starts_again_and_its_call_is_sent_again(ray_local)
         assert second_pid and second_pid != first_pid  # the same handle, a new process
         [again] = engine.complete(["Name a river."], Sampling(max_tokens=8))
         assert again.error is None and server.calls["slow"] == 3
+
+
+def test_a_call_whose_host_dies_every_time_fails_instead_of_hanging(ray_local):
+    import ray
+
+    with LLMServer(models=("slow",)) as server:
+        [host] = start_hosts(_slow_endpoint(server), 1, 0, 0)
+        engine = HostedEngine([host], "slow")
+
+        def kill_every_try():  # as a prompt that crashes the engine would
+            for sent in range(1, CALL_RETRIES + 2):
+                deadline = time.time() + 30
+                while server.calls["slow"] < sent and time.time() < deadline:
+                    time.sleep(0.05)
+                os.kill(_host_pid(host), signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_every_try)
+        killer.start()
+        with pytest.raises(ray.exceptions.RayActorError):
+            engine.complete(["Name a city."], Sampling(max_tokens=8))
+        killer.join()
+        assert server.calls["slow"] == CALL_RETRIES + 1
+        # the host itself starts again for the next call
+        [done] = engine.complete(["Name a river."], Sampling(max_tokens=8))
+        assert done.error is None and server.calls["slow"] == CALL_RETRIES + 2
+

@@ -55,18 +55,23 @@ class EngineHost:
         return True
 
 
+CALL_RETRIES = 3  # times a call is sent again after its host died (see start_hosts)
+
+
 def start_hosts(spec: EngineSpec, n: int, cpus: float, gpus: float) -> list:
     """`n` EngineHost actors for `spec`'s engine, up (or this raises).
 
     A host whose process dies (the engine crashed or ran out of memory, its node was lost)
     is started again and the calls it had in flight are sent again, as Ray Data does for its
-    own pools' actors (max_restarts and max_task_retries -1). Nothing is lost or doubled: a
-    forwarder stores a completion only once it has it. An error that `__init__` raises (a
-    bad model, say) is not a death, so it fails the stage at once instead."""
+    own pools' actors. Nothing is lost or doubled: a forwarder stores a completion only once
+    it has it. Unlike Ray Data's default (retry without end), a call cut by its host's death
+    `CALL_RETRIES` times fails its stage: a prompt that crashes the engine every time would
+    otherwise restart it forever, and the run would hang instead of saying so. An error
+    that `__init__` raises (a bad model, say) is not a death: the stage fails at once."""
     import ray
 
     actor = ray.remote(EngineHost).options(num_cpus=cpus, num_gpus=gpus, max_concurrency=1000,
-                                           max_restarts=-1, max_task_retries=-1)
+                                           max_restarts=-1, max_task_retries=CALL_RETRIES)
     engine = {"backend": spec.backend, **spec.engine_args()}
     hosts = [actor.remote(engine, spec.actor_env()) for _ in range(n)]
     ray.get([h.ready.remote() for h in hosts])
