@@ -53,6 +53,9 @@ def print_ratios(unit: str, bare_steady: float, bare_whole: float, x: dict,
     print(f"{'steady ' + unit:22s} {bare_steady:12.1f} {x['steady']:12.1f} "
           f"{x['steady'] / bare_steady if bare_steady else 0:7.2f}")
     print(f"{'start-up s':22s} {bare_startup:12.1f} {x['startup']:12.1f}")
+    if "cpu" in x:  # from run_xling: is the machine busy, and with what
+        print(f"{'CPU-s during xling':22s} machine {x['cpu']['machine']:.1f}, "
+              f"driver {x['cpu']['driver']:.1f}")
 
 
 def cpu_seconds() -> dict:
