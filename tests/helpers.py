@@ -379,13 +379,18 @@ def judge_reply(prompt: str, model: str) -> str:
     return "Score: [[3]] Justification: partly overlapping."  # the answer-overlap judge
 
 
+# The tiny vLLM model as a MIRAGE model entry (NAME to fill in). The arena's prompts (two
+# answers and their passages) are longer than its context, so they are cut.
+MIRAGE_TINY_VLLM = ("{name: NAME, backend: vllm, model: tiny:llama_chat, max_model_len: 1024, "
+                    "dtype: float32, enforce_eager: true, too_long: truncate, "
+                    "parallel: {concurrency: [1, 1], batch_size: 8}}")
+
+
 def mirage_overrides(run_root: str, url: str) -> list[str]:
     """configs/mirage.yaml's overrides for the fixture data: the tiny vLLM model and the
     scripted generators (at ``url``), the tiny NLI and reranker models, the scripted
     pointwise and arena judges."""
-    tiny = ("{name: tiny, backend: vllm, model: tiny:llama_chat, max_model_len: 1024, "
-            "dtype: float32, enforce_eager: true, too_long: truncate, "
-            "parallel: {concurrency: [1, 1], batch_size: 8}}")
+    tiny = MIRAGE_TINY_VLLM.replace("NAME", "tiny")
     api = ("{name: NAME, backend: openai, model: NAME, base_url: '" + url +
            "', api_key_env: null}")
     return [f"run_root={run_root}", "ray.num_cpus=2",

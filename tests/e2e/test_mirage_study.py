@@ -22,6 +22,7 @@ import pytest
 
 from helpers import (
     MIRAGE_DATA,
+    MIRAGE_TINY_VLLM,
     STRENGTH,
     generator_reply,
     judge_reply,
@@ -194,18 +195,12 @@ def test_one_engine_for_generate_features_and_arena(tmp_path, tiny_models, ray_l
     if "nli_deberta" not in tiny_models or "xlmr_reranker" not in tiny_models:
         pytest.skip("tiny NLI / reranker models not built (xling models tiny)")
     run_root = str(tmp_path / "run")
-    tiny = ("{name: NAME, backend: vllm, model: tiny:llama_chat, max_model_len: 1024, "
-            "dtype: float32, enforce_eager: true, parallel: {concurrency: [1, 1], batch_size: 8}}")
     with LLMServer(models=STRENGTH) as server:
         server.reply_fn = generator_reply
         out = ok_here("run", "--config", str(ROOT / "configs/mirage.yaml"),
                       *mirage_overrides(run_root, server.url),
-                      "features.llm=" + tiny.replace("NAME", "tiny-pointwise"),
-                      # the arena prompt (two answers and their passages) is longer than
-                      # the tiny model's context: cut it; too_long is per call, so the
-                      # engine is still the one the generator uses
-                      "judge.judges=[" + tiny.replace("NAME", "tiny-arena")[:-1]
-                      + ", too_long: truncate}]",
+                      "features.llm=" + MIRAGE_TINY_VLLM.replace("NAME", "tiny-pointwise"),
+                      "judge.judges=[" + MIRAGE_TINY_VLLM.replace("NAME", "tiny-arena") + "]",
                       "features.sampling.max_tokens=16", "judge.sampling.max_tokens=16",
                       "study.options.langs=[sw]", "stages=[generate, features, judge]")
     assert ("tiny (tiny:llama_chat): 1 engine(s) shared by generate, features, judge, "

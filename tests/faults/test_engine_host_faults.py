@@ -81,4 +81,3 @@ def test_a_call_whose_host_dies_every_time_fails_instead_of_hanging(ray_local):
         # the host itself starts again for the next call
         [done] = engine.complete(["Name a river."], Sampling(max_tokens=8))
         assert done.error is None and server.calls["slow"] == CALL_RETRIES + 2
-
