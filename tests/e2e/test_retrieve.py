@@ -1,7 +1,7 @@
 """index -> retrieve -> evaluate through xling's CLI, with the run root on SeaweedFS.
 
 - OG, QT and DT modes (the translate stage's tiny NLLB translations), BM25 and dense
-  (tiny BGE-M3) runs, an RRF fusion, and evaluate's metrics, oracle and comparison, whose
+  (tiny BGE-M3, one load shared by index and retrieve) runs, an RRF fusion, and evaluate's metrics, oracle and comparison, whose
   numbers are recomputed here with pytrec_eval from the stored runs;
 - BordIRLines' language-partitioned modes over the same collection;
 - bad input: an empty collection, a missing qrels file, a run whose doc ids are not in the
@@ -91,6 +91,9 @@ def test_modes_fusion_and_evaluation_on_s3(tmp_path, s3_env, tiny_models, ray_lo
     cfg.write_text(CONFIG.format(root=root, demo=DEMO, tmp=tmp_path))
     out = ok("run", "--config", str(cfg), env=s3_env)
     store = RunStore(root)
+    # One BGE-M3 load for the passages and the queries (their lengths are per call): the
+    # dense hits below, and their metrics against pytrec_eval, come through that host.
+    assert "embedder (tiny:bge_m3): 1 engine(s) shared by index, retrieve" in out
 
     runs = {}
     for d in store.list_dirs("retrieve"):

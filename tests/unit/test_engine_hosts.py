@@ -49,3 +49,22 @@ def test_endpoints_are_never_hosted():
     api = parse_llm_spec({"name": "api", "backend": "openai", "model": "m",
                           "base_url": "http://127.0.0.1:9/v1", "api_key_env": None})
     assert plan_hosts([("generate", [api]), ("judge", [api])]).spans == {}
+
+
+def test_index_retrieve_and_narrow_share_one_embedder_across_per_call_settings():
+    from xling.core.config import Parallelism
+    from xling.core.hosts import embedder_spec
+
+    def m3(parallel=Parallelism(), fp16=False, model="/models/bge-m3"):
+        return embedder_spec("BAAI/bge-m3", model, parallel, use_fp16=fp16, device=None)
+
+    index, retrieve = m3(Parallelism(concurrency=(1, 1))), m3(Parallelism(batch_size=8))
+    hosts = plan_hosts([("index", [index]), ("retrieve", [retrieve]), ("generate", [spec("g")])])
+    span = ("index", "retrieve")
+    assert host_key(index) == host_key(retrieve)
+    assert set(hosts.spans.values()) == {span}
+    assert hosts.specs[(host_key(index), span)] == [index, retrieve]  # sized from both pools
+    # fp16 or another model is another loaded model; a stage between them ends the span
+    assert plan_hosts([("index", [index]), ("retrieve", [m3(fp16=True)])]).spans == {}
+    assert plan_hosts([("index", [index]), ("retrieve", [m3(model="/other")])]).spans == {}
+    assert plan_hosts([("index", [index]), ("rerank", []), ("narrow", [m3()])]).spans == {}

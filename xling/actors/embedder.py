@@ -2,7 +2,8 @@
 registry of implementations and `make_embedder`, the one place an embedder is built; and
 BGE-M3 (`M3Embedder`, FlagEmbedding's `BGEM3FlagModel`), the one implementation so far.
 
-An embedder is loaded once per actor. `__call__(batch) -> batch` keeps every input column and
+An embedder is loaded once per actor, or once per run for stages next to each other that
+ask for the same model (`EmbedderHost`, `HostedEmbedder`; core/hosts.py). `__call__(batch) -> batch` keeps every input column and
 row, in order, and adds the representations asked for. BGE-M3's:
 
 - `dense`: fixed_size_list<float32>[dim], L2-normalised CLS vector (as BGE-M3 returns it);
@@ -58,6 +59,11 @@ class Embedder(Protocol):
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Each text's length in the model's tokens, special tokens included, untruncated."""
 
+    def with_settings(self, **per_call) -> "Embedder":
+        """The same loaded model with other per-call settings (`PER_CALL` of its class: what
+        changes each encode, not the load), without a second load: what lets stages that
+        ask for different lengths or outputs share one loaded model (`EmbedderHost`)."""
+
 
 @runtime_checkable
 class MultiVector(Embedder, Protocol):
@@ -76,13 +82,92 @@ EMBEDDERS = {
 DEFAULT = "bge-m3"
 
 
-def make_embedder(model: str, *, kind: str = DEFAULT, **settings) -> Embedder:
-    """The embedder `kind` loaded from `model` (a local path or hub id), with its settings
-    (BGE-M3: max_length, batch_size, use_fp16, dense, sparse, colbert, text_column, device)."""
+def embedder_class(kind: str) -> type:
     if kind not in EMBEDDERS:
         raise ValueError(f"unknown embedder {kind!r}; use one of: {', '.join(EMBEDDERS)}")
     module, _, name = EMBEDDERS[kind].partition(":")
-    return getattr(importlib.import_module(module), name)(model, **settings)
+    return getattr(importlib.import_module(module), name)
+
+
+def make_embedder(model: str, *, kind: str = DEFAULT, hosts: list | None = None,
+                  **settings) -> Embedder:
+    """The embedder `kind` loaded from `model` (a local path or hub id), with its settings
+    (BGE-M3: max_length, batch_size, use_fp16, dense, sparse, colbert, text_column, device).
+
+    With `hosts` (`EmbedderHost` actors that already hold the model, core/hosts.py), nothing
+    loads here: the embedder sends its batches to them, with its per-call settings."""
+    if hosts:
+        per_call = {k: v for k, v in settings.items() if k in embedder_class(kind).PER_CALL}
+        return HostedEmbedder(hosts, per_call)
+    return embedder_class(kind)(model, **settings)
+
+
+class EmbedderHost:
+    """A Ray actor that holds one loaded embedder for several stages of a run (index,
+    retrieve, narrow; core/hosts.py): each call names its per-call settings."""
+
+    def __init__(self, settings: dict):
+        self.embedder = make_embedder(**settings)
+        self.views: dict[str, Embedder] = {}
+
+    def _view(self, per_call: dict) -> Embedder:
+        key = repr(sorted(per_call.items()))
+        if key not in self.views:
+            self.views[key] = self.embedder.with_settings(**per_call)
+        return self.views[key]
+
+    def embed(self, batch: pa.Table, per_call: dict) -> pa.Table:
+        return self._view(per_call)(batch)
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return self.embedder.count_tokens(texts)
+
+    def describe(self, per_call: dict) -> tuple[dict, dict]:
+        """(info, fingerprint) of the embedder with these settings; also says it is up."""
+        view = self._view(per_call)
+        return view.info, view.fingerprint
+
+
+class HostedEmbedder:
+    """An `Embedder` whose model lives in `EmbedderHost` actors: batches go to them in turn
+    (each host runs one at a time; a caller waits for its own)."""
+
+    def __init__(self, hosts: list, per_call: dict):
+        import ray
+
+        self.hosts, self.per_call = hosts, per_call
+        self.info, self._fingerprint = ray.get(hosts[0].describe.remote(per_call))
+        self._turn = 0
+
+    def _host(self):
+        self._turn = (self._turn + 1) % len(self.hosts)
+        return self.hosts[self._turn]
+
+    @property
+    def dim(self) -> int:
+        return self.info["dim"]
+
+    @property
+    def fingerprint(self) -> dict:
+        return dict(self._fingerprint)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        import ray
+
+        return ray.get(self._host().embed.remote(batch, self.per_call))
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        import ray
+
+        return ray.get(self._host().count_tokens.remote(texts))
+
+    def with_settings(self, **per_call) -> "HostedEmbedder":
+        return HostedEmbedder(self.hosts, {**self.per_call, **per_call})
+
+    def with_outputs(self, *, dense: bool | None = None, sparse: bool | None = None,
+                     colbert: bool | None = None) -> "HostedEmbedder":
+        asked = {"dense": dense, "sparse": sparse, "colbert": colbert}
+        return self.with_settings(**{k: v for k, v in asked.items() if v is not None})
 
 
 class EmbedBatches:
@@ -111,6 +196,9 @@ class M3Embedder:
     of every call twice, the first time to probe for an out-of-memory-safe batch size, so a
     Ray batch of one forward batch costs two: give map_batches several (8 cost 9).
     """
+
+    # Settings each encode() takes as arguments; the rest (model, use_fp16, device) load.
+    PER_CALL = ("max_length", "batch_size", "text_column", "dense", "sparse", "colbert")
 
     def __init__(self, model: str, max_length: int = 512, batch_size: int = 32,
                  use_fp16: bool = False, dense: bool = True, sparse: bool = False,
@@ -160,12 +248,22 @@ class M3Embedder:
     def with_outputs(self, *, dense: bool | None = None, sparse: bool | None = None,
                      colbert: bool | None = None) -> "M3Embedder":
         """The same loaded model with other outputs switched on or off (no second load)."""
+        asked = {"dense": dense, "sparse": sparse, "colbert": colbert}
+        return self.with_settings(**{k: v for k, v in asked.items() if v is not None})
+
+    def with_settings(self, **per_call) -> "M3Embedder":
+        """The same loaded model with other `PER_CALL` settings (no second load)."""
+        unknown = set(per_call) - set(self.PER_CALL)
+        if unknown:
+            raise ValueError(f"M3Embedder: {sorted(unknown)} change the loaded model, not a "
+                             f"call; per-call settings are {list(self.PER_CALL)}")
         other = copy.copy(self)
-        other.dense = self.dense if dense is None else dense
-        other.sparse = self.sparse if sparse is None else sparse
-        other.colbert = self.colbert if colbert is None else colbert
+        for name, value in per_call.items():
+            setattr(other, name, value)
         if not (other.dense or other.sparse or other.colbert):
             raise ValueError("M3Embedder: ask for at least one of dense, sparse, colbert")
+        other._fingerprint = {**self._fingerprint, "max_length": other.max_length}
+        other.info = {**self.info, "max_length": other.max_length}
         return other
 
     # ---- per batch -------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Engines that outlive a stage: neighbouring stages of one `xling run` (or sweep) that ask
-for the same local LLM (generate, judge, LLM-scored features) share its engine instead of
-each starting one.
+for the same local LLM (generate, judge, LLM-scored features) or the same embedder (index,
+retrieve, narrow: `EmbedderSpec`) share its engine instead of each starting one.
 
 Each stage is its own Ray Data pipeline, and Ray Data ends an actor pool with its dataset: a
 vLLM engine inside the pool would start again in the next stage, which on the demo cost
@@ -24,16 +24,42 @@ import contextlib
 import math
 import os
 import threading
+from dataclasses import dataclass
+from typing import ClassVar
 
 from xling.actors.llm import Completion, LLMEngine, Prompt, Sampling
-from xling.core.config import stable_hash
+from xling.core.config import Parallelism, stable_hash
 from xling.core.engines import make_engine, spec_class
 from xling.core.engines.base import EngineSpec
 
 
-def host_key(spec: EngineSpec) -> str:
+@dataclass
+class EmbedderSpec:
+    """An embedder (actors/embedder.py: BGE-M3) that a stage's pool loads, as a host needs
+    it: `load` are the settings that make the loaded model (model path, kind, fp16, device);
+    lengths, batch sizes and outputs are sent with each call, so stages that differ only in
+    those (index's passage length, retrieve's query length) share it."""
+
+    model: str  # as configured, for the console
+    load: dict
+    parallel: Parallelism
+    label: ClassVar[str] = "embedder"
+
+    def gpus(self) -> float:
+        return self.parallel.num_gpus
+
+
+def embedder_spec(model: str, path: str, parallel: Parallelism, *, use_fp16: bool,
+                  device: str | None, kind: str = "bge-m3") -> EmbedderSpec:
+    return EmbedderSpec(model, {"model": path, "kind": kind, "use_fp16": use_fp16,
+                                "device": device}, parallel)
+
+
+def host_key(spec: EngineSpec | EmbedderSpec) -> str:
     """Entries with the same key can share an engine: the same engine args, apart from the
     settings sent with each call. (The actor's environment depends on the cluster only.)"""
+    if isinstance(spec, EmbedderSpec):
+        return stable_hash({"embedder": spec.load})
     per_call = spec_class(spec.backend).PER_CALL
     args = {k: v for k, v in spec.engine_args().items() if k not in per_call}
     return stable_hash({"backend": spec.backend, "args": args})
@@ -70,8 +96,18 @@ def start_hosts(spec: EngineSpec, n: int, cpus: float, gpus: float) -> list:
     that `__init__` raises (a bad model, say) is not a death: the stage fails at once."""
     import ray
 
-    actor = ray.remote(EngineHost).options(num_cpus=cpus, num_gpus=gpus, max_concurrency=1000,
-                                           max_restarts=-1, max_task_retries=CALL_RETRIES)
+    restart = dict(num_cpus=cpus, num_gpus=gpus, max_restarts=-1,
+                   max_task_retries=CALL_RETRIES)
+    if isinstance(spec, EmbedderSpec):
+        # One batch at a time: the model's threads are the host's CPUs, and a forwarder's
+        # next batch waits in the actor's queue, not in a second forward pass beside it.
+        from xling.actors.embedder import EmbedderHost
+
+        hosts = [ray.remote(EmbedderHost).options(**restart).remote(spec.load)
+                 for _ in range(n)]
+        ray.get([h.describe.remote({}) for h in hosts])
+        return hosts
+    actor = ray.remote(EngineHost).options(max_concurrency=1000, **restart)
     engine = {"backend": spec.backend, **spec.engine_args()}
     hosts = [actor.remote(engine, spec.actor_env()) for _ in range(n)]
     ray.get([h.ready.remote() for h in hosts])
@@ -227,7 +263,7 @@ def plan_hosts(stage_engines: list[tuple[str, list[EngineSpec]]], log=print) -> 
     for _, entries in stage_engines:
         by_key: dict[str, list[EngineSpec]] = {}
         for spec in entries:
-            if not spec_class(spec.backend).REMOTE:
+            if isinstance(spec, EmbedderSpec) or not spec_class(spec.backend).REMOTE:
                 by_key.setdefault(host_key(spec), []).append(spec)
         asked.append(by_key)
     spans, specs = {}, {}

@@ -50,3 +50,14 @@ def pool_resources(p: Parallelism, num_gpus: float | None = None) -> dict:
     lo = p.concurrency[0]
     gpus = p.num_gpus if num_gpus is None else num_gpus
     return {"CPU": lo * p.num_cpus, "GPU": lo * gpus}
+
+
+def forwarder_pool(hosts: list, per_host: int = 2) -> dict:
+    """`compute=` and resources for a pool whose model lives in the run's shared hosts
+    (core/hosts.py): it asks no CPU, since its actors mostly wait, and beside a host that
+    holds a CPU a quarter CPU each was what the reads needing a whole one could not get.
+    `per_host` actors per host, so that one's next batch is queued while another's runs."""
+    import ray.data
+
+    return dict(compute=ray.data.ActorPoolStrategy(size=per_host * len(hosts)),
+                num_cpus=0, num_gpus=0)

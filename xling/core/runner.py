@@ -184,8 +184,9 @@ class Stage(ABC):
         return ""
 
     def engines(self, cfg: XlingConfig) -> list:
-        """The LLM entries (core/engines) whose engines this stage's pools run: an engine
-        that several stages of a run ask for starts once for all of them (core/hosts.py)."""
+        """The LLM entries (core/engines) and embedders (`hosts.EmbedderSpec`) whose engines
+        this stage's pools run: an engine that stages next to each other in a run ask for
+        starts once for all of them (core/hosts.py)."""
         return []
 
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream: tuple[str, ...] = ()) -> None:
@@ -215,7 +216,7 @@ class Stage(ABC):
         return stable_hash(section.model_dump(mode="json")) if section is not None else ""
 
     def engine_of(self, cells: list[Cell], cfg: XlingConfig):
-        """The LLM entry (of `engines`) whose engine the group's pool runs, or None."""
+        """The entry (of `engines`) whose engine the group's pool runs, or None."""
         return None
 
     def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:

@@ -32,8 +32,9 @@ import pyarrow.compute as pc
 from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
+from xling.core.hosts import embedder_spec, shared_hosts
 from xling.core.models import resolve_model
-from xling.core.pools import LIGHT_CPUS, actor_pool, pool_resources
+from xling.core.pools import LIGHT_CPUS, actor_pool, forwarder_pool, pool_resources
 from xling.core.runner import (
     CELL,
     RID,
@@ -251,6 +252,18 @@ class IndexStage(Stage):
         return Source({"cell": upstream.dir}, read, adapt=_translations_as_documents,
                       cell=upstream.dir)
 
+    def engines(self, cfg: XlingConfig) -> list:
+        cells = [c for c in self.cells(cfg) if c.key["engine"] == "dense"]
+        return [self.engine_of(cells, cfg)] if cells else []
+
+    def engine_of(self, cells: list[Cell], cfg: XlingConfig):
+        if cells[0].key["engine"] != "dense":
+            return None
+        d = cfg.index.dense
+        return embedder_spec(d.model, resolve_model(d.model, key="index.dense.model"),
+                             d.parallel, use_fp16=d.fp16,
+                             device=None if d.device == "auto" else d.device)
+
     def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
         if cells[0].key["engine"] == "bm25":
             return pool_resources(cfg.index.parallel)
@@ -280,13 +293,17 @@ class IndexStage(Stage):
         from xling.actors.embedder import EmbedBatches
 
         d, p = ic.dense, ic.dense.parallel
+        hosts = shared_hosts(self.engine_of(cells, cfg))
         kwargs = dict(model=resolve_model(d.model, key="index.dense.model"),
                       max_length=d.max_length, batch_size=d.encode_batch_size,
                       use_fp16=d.fp16, dense=True, sparse=d.sparse, colbert=d.colbert,
-                      text_column="contents", device=None if d.device == "auto" else d.device)
+                      text_column="contents", device=None if d.device == "auto" else d.device,
+                      hosts=hosts)
+        pool = (forwarder_pool(hosts) if hosts else
+                dict(compute=actor_pool(p, key="index.dense.parallel"), num_cpus=p.num_cpus,
+                     num_gpus=p.num_gpus))
         out = ds.map_batches(EmbedBatches, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
-                             batch_size=p.batch_size, compute=actor_pool(p, key="index.dense.parallel"),
-                             num_cpus=p.num_cpus, num_gpus=p.num_gpus)
+                             batch_size=p.batch_size, **pool)
         return out.drop_columns(["title", "text", "contents"], num_cpus=LIGHT_CPUS)
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:

@@ -29,8 +29,9 @@ import pyarrow as pa
 from pydantic import Field
 
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict
+from xling.core.hosts import embedder_spec, shared_hosts
 from xling.core.models import resolve_model
-from xling.core.pools import actor_pool, pool_resources
+from xling.core.pools import actor_pool, forwarder_pool, pool_resources
 from xling.core.runner import RID, Cell, Stage, part_files
 from xling.core.store import RunStore
 from xling.core.vectors import StoreEmbedder, cache_dir, vector_matrix
@@ -99,6 +100,16 @@ class NarrowStage(Stage):
         if self.cells(cfg):
             resolve_model(cfg.narrow.model, key="narrow.model")
 
+    def engines(self, cfg: XlingConfig) -> list:
+        cells = self.cells(cfg)
+        return [self.engine_of(cells, cfg)] if cells else []
+
+    def engine_of(self, cells: list[Cell], cfg: XlingConfig):
+        nc = cfg.narrow
+        return embedder_spec(nc.model, resolve_model(nc.model, key="narrow.model"),
+                             nc.parallel, use_fp16=nc.fp16,
+                             device=None if nc.device == "auto" else nc.device)
+
     def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
         return pool_resources(cfg.narrow.parallel)
 
@@ -116,8 +127,13 @@ class NarrowStage(Stage):
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         nc = cfg.narrow
         p = nc.parallel
+        hosts = shared_hosts(self.engine_of(cells, cfg))
         embedder = {"max_length": nc.max_length, "batch_size": nc.encode_batch_size,
-                    "use_fp16": nc.fp16, "device": None if nc.device == "auto" else nc.device}
+                    "use_fp16": nc.fp16, "device": None if nc.device == "auto" else nc.device,
+                    "hosts": hosts}
+        pool = (forwarder_pool(hosts) if hosts else
+                dict(compute=actor_pool(p, key="narrow.parallel"), num_cpus=p.num_cpus,
+                     num_gpus=p.num_gpus))
         return ds.map_batches(
             StoreEmbedder, batch_format="pyarrow", batch_size=p.batch_size,
             fn_constructor_kwargs={
@@ -125,8 +141,7 @@ class NarrowStage(Stage):
                 "model": resolve_model(nc.model, key="narrow.model"), "cache_model": nc.model,
                 "settings": vector_settings(nc),
                 "spaces": [c.key["lang"] for c in cells], "embedder": embedder},
-            compute=actor_pool(p, key="narrow.parallel"), num_cpus=p.num_cpus,
-            num_gpus=p.num_gpus)
+            **pool)
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         import pyarrow.compute as pc

@@ -28,8 +28,9 @@ import pyarrow.compute as pc
 from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
+from xling.core.hosts import embedder_spec, shared_hosts
 from xling.core.models import resolve_model
-from xling.core.pools import LIGHT_CPUS, actor_pool
+from xling.core.pools import LIGHT_CPUS, actor_pool, forwarder_pool
 from xling.core.runner import (RID, Cell, Stage, StageFailed, part_exports, part_files,
                                require_done)
 from xling.core.sources import TopicSpec, read_queries, spec_files
@@ -223,6 +224,20 @@ class RetrieveStage(Stage):
         run = cell.params["run"]
         return f"{run['engine']}:{run['k1']}:{run['b']}:{run['merge']}"
 
+    def engines(self, cfg: XlingConfig) -> list:
+        dense = [c for c in self.cells(cfg) if _run(cfg, c.key["run"]).engine == "dense"]
+        return [self.engine_of(dense, cfg)] if dense else []
+
+    def engine_of(self, cells: list[Cell], cfg: XlingConfig):
+        """The query embedder of a dense group: the index's model, shared with index (or
+        narrow) when they run next to each other (core/hosts.py)."""
+        if _run(cfg, cells[0].key["run"]).engine != "dense":
+            return None
+        d = cfg.index.dense
+        return embedder_spec(d.model, resolve_model(d.model, key="index.dense.model"),
+                             cfg.retrieve.parallel, use_fp16=d.fp16,
+                             device=None if d.device == "auto" else d.device)
+
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         # Inputs made by earlier stages must be in the store, unless this invocation runs
         # those stages first: say which stage to run instead of failing on a worker.
@@ -265,6 +280,7 @@ class RetrieveStage(Stage):
         run = _run(cfg, cells[0].key["run"])
         p = rc.parallel
         store = RunStore(cfg.run_root)
+        hosts = None
         if run.engine == "bm25":
             cls = StoreBM25Searcher
             kwargs = dict(store_uri=store.uri, k=rc.depth, k1=run.k1, b=run.b,
@@ -273,14 +289,18 @@ class RetrieveStage(Stage):
             cls = StoreDenseSearcher
             kwargs = dict(store_uri=store.uri, k=rc.depth, merge=run.merge,
                           **dense_kwargs(cfg))
+            hosts = shared_hosts(self.engine_of(cells, cfg))
+            kwargs["embedder"]["hosts"] = hosts
         systems = {i: c.key["run"] for i, c in enumerate(cells)}
         weights = {i: _run(cfg, c.key["run"]).weights for i, c in enumerate(cells)}
         if run.engine == "dense":
             ds = ds.map_batches(functools.partial(_with_weights, weights=weights),
                                 batch_format="pyarrow", num_cpus=LIGHT_CPUS)
+        pool = (forwarder_pool(hosts) if hosts else
+                dict(compute=actor_pool(p, key="retrieve.parallel"), num_cpus=p.num_cpus,
+                     num_gpus=p.num_gpus))
         out = ds.map_batches(cls, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
-                             batch_size=p.batch_size, compute=actor_pool(p, key="retrieve.parallel"),
-                             num_cpus=p.num_cpus, num_gpus=p.num_gpus)
+                             batch_size=p.batch_size, **pool)
         return out.map_batches(functools.partial(_label, systems=systems), batch_format="pyarrow",
                                num_cpus=LIGHT_CPUS)
 
