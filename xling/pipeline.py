@@ -133,6 +133,12 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
     console = make_console(cfgs[0], args)
     runner = Runner(store, force=args.force, progress=console.progress, log=console.say,
                     detail=console.detail, limit=getattr(args, "limit", None))
+    ray_stages = [s for s in stages if s != "report" and not is_driver_stage(registry[s])]
+
+    def stage_engines():  # (stage, the engines its pools run), for plan_hosts
+        return [(name, [e for one in cfgs for e in registry[name]().engines(one)])
+                for name in ray_stages]
+
     if args.dry_run:
         # Planning reads the cells' manifests from the store: reach an S3 one first, so that
         # a missing credential or endpoint is one line naming the fix, not a botocore trace.
@@ -152,6 +158,8 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
                 print(f"[{name}] {c['cell']}: {c['state']} ({c['shards_done']}/{c['n_shards']} "
                       f"shards committed); would run {c['todo']}\n    out: {c['dir']}\n    in:  "
                       + "\n         ".join(c["inputs"]))
+        for line in plan_hosts(stage_engines()).describe():
+            print(f"[xling] would {line}")
         return 0
     # Everything that can be checked without Ray is checked before Ray starts: inputs,
     # models, languages (cells), then the run store.
@@ -165,12 +173,10 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
             if name != "report":
                 registry[name]().prepare(one, store, upstream=tuple(stages[:i]))
     attach_logs(console, cfgs[0], runner.run_id)
-    ray_stages = [s for s in stages if s != "report" and not is_driver_stage(registry[s])]
     if ray_stages:
         init_ray(cfgs[0], args.address, console.level)
     # Engines that several of these stages ask for start once, for all of them.
-    hosts = plan_hosts([(name, [e for one in cfgs for e in registry[name]().engines(one)])
-                        for name in ray_stages], log=console.say)
+    hosts = plan_hosts(stage_engines(), log=console.say)
     try:
         with sharing(hosts):
             for name in stages:

@@ -138,3 +138,12 @@ def test_help_lists_every_config_key_with_its_field_description(capsys):
             assert f" {key}" in text, (stage, key)
             if field.description:
                 assert " ".join(field.description.split()) in text, (stage, key)
+
+
+def test_dry_run_names_the_engines_a_run_starts_once(tmp_path, tiny_models):
+    p = _xling("run", "-c", "configs/demo.yaml", "--dry-run", f"run_root={tmp_path / 'run'}")
+    assert p.returncode == 0, p.stderr
+    shared = [l for l in p.stdout.splitlines() if l.startswith("[xling] would start")]
+    assert sorted(shared) == [
+        "[xling] would start embedder (tiny:bge_m3) once for index, retrieve",
+        "[xling] would start tiny-chat (tiny:llama_chat) once for generate, judge"]

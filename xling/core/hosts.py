@@ -158,6 +158,11 @@ class EngineHosts:
         self.stopped: set[str] = set()  # engine keys whose hosts `release` stopped
         self.lock = threading.Lock()  # a stage's groups run on threads side by side
 
+    def describe(self) -> list[str]:
+        """One line per shared engine: which stages share it."""
+        return [f"start {specs[0].label} ({specs[0].model}) once for {', '.join(span)}"
+                for (_, span), specs in self.specs.items()]
+
     def shares(self, spec: EngineSpec) -> bool:
         return (host_key(spec), self.stage) in self.spans
 
