@@ -3,8 +3,9 @@ registry of implementations and `make_embedder`, the one place an embedder is bu
 BGE-M3 (`M3Embedder`, FlagEmbedding's `BGEM3FlagModel`), the one implementation so far.
 
 An embedder is loaded once per actor, or once per run for stages next to each other that
-ask for the same model (`EmbedderHost`, `HostedEmbedder`; core/hosts.py). `__call__(batch) -> batch` keeps every input column and
-row, in order, and adds the representations asked for. BGE-M3's:
+ask for the same model (`EmbedderHost`, `HostedEmbedder`; core/hosts.py). `__call__(batch)
+-> batch` keeps every input column and row, in order, and adds the representations asked
+for. BGE-M3's:
 
 - `dense`: fixed_size_list<float32>[dim], L2-normalised CLS vector (as BGE-M3 returns it);
 - `sparse_ids` list<int32> + `sparse_weights` list<float32>: BGE-M3's lexical weights, one

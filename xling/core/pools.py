@@ -52,12 +52,15 @@ def pool_resources(p: Parallelism, num_gpus: float | None = None) -> dict:
     return {"CPU": lo * p.num_cpus, "GPU": lo * gpus}
 
 
-def forwarder_pool(hosts: list, per_host: int = 2) -> dict:
-    """`compute=` and resources for a pool whose model lives in the run's shared hosts
-    (core/hosts.py): it asks no CPU, since its actors mostly wait, and beside a host that
-    holds a CPU a quarter CPU each was what the reads needing a whole one could not get.
-    `per_host` actors per host, so that one's next batch is queued while another's runs."""
+def pool_args(p: Parallelism, *, key: str, hosts: list | None = None) -> dict:
+    """`compute=`, `num_cpus=` and `num_gpus=` for a model pool's map_batches: its own actors
+    sized from `p`, or, when the model lives in the run's shared hosts (core/hosts.py), two
+    forwarders per host (one's next batch queued while the other's runs) that ask no CPU:
+    they mostly wait, and beside a host that holds a CPU a quarter CPU each was what the
+    reads needing a whole one could not get."""
     import ray.data
 
-    return dict(compute=ray.data.ActorPoolStrategy(size=per_host * len(hosts)),
-                num_cpus=0, num_gpus=0)
+    if hosts:
+        return dict(compute=ray.data.ActorPoolStrategy(size=2 * len(hosts)), num_cpus=0,
+                    num_gpus=0)
+    return dict(compute=actor_pool(p, key=key), num_cpus=p.num_cpus, num_gpus=p.num_gpus)

@@ -34,7 +34,7 @@ from pydantic import Field, field_validator, model_validator
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.hosts import embedder_spec, shared_hosts
 from xling.core.models import resolve_model
-from xling.core.pools import LIGHT_CPUS, actor_pool, forwarder_pool, pool_resources
+from xling.core.pools import LIGHT_CPUS, actor_pool, pool_args, pool_resources
 from xling.core.runner import (
     CELL,
     RID,
@@ -292,18 +292,15 @@ class IndexStage(Stage):
                 compute=actor_pool(p, key="index.parallel"), num_cpus=p.num_cpus)
         from xling.actors.embedder import EmbedBatches
 
-        d, p = ic.dense, ic.dense.parallel
-        hosts = shared_hosts(self.engine_of(cells, cfg))
-        kwargs = dict(model=resolve_model(d.model, key="index.dense.model"),
-                      max_length=d.max_length, batch_size=d.encode_batch_size,
-                      use_fp16=d.fp16, dense=True, sparse=d.sparse, colbert=d.colbert,
-                      text_column="contents", device=None if d.device == "auto" else d.device,
+        d = ic.dense
+        spec = self.engine_of(cells, cfg)
+        hosts = shared_hosts(spec)
+        kwargs = dict(**spec.load, max_length=d.max_length, batch_size=d.encode_batch_size,
+                      dense=True, sparse=d.sparse, colbert=d.colbert, text_column="contents",
                       hosts=hosts)
-        pool = (forwarder_pool(hosts) if hosts else
-                dict(compute=actor_pool(p, key="index.dense.parallel"), num_cpus=p.num_cpus,
-                     num_gpus=p.num_gpus))
         out = ds.map_batches(EmbedBatches, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
-                             batch_size=p.batch_size, **pool)
+                             batch_size=d.parallel.batch_size,
+                             **pool_args(d.parallel, key="index.dense.parallel", hosts=hosts))
         return out.drop_columns(["title", "text", "contents"], num_cpus=LIGHT_CPUS)
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:

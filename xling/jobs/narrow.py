@@ -31,7 +31,7 @@ from pydantic import Field
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict
 from xling.core.hosts import embedder_spec, shared_hosts
 from xling.core.models import resolve_model
-from xling.core.pools import actor_pool, forwarder_pool, pool_resources
+from xling.core.pools import pool_args, pool_resources
 from xling.core.runner import RID, Cell, Stage, part_files
 from xling.core.store import RunStore
 from xling.core.vectors import StoreEmbedder, cache_dir, vector_matrix
@@ -127,21 +127,19 @@ class NarrowStage(Stage):
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         nc = cfg.narrow
         p = nc.parallel
-        hosts = shared_hosts(self.engine_of(cells, cfg))
-        embedder = {"max_length": nc.max_length, "batch_size": nc.encode_batch_size,
-                    "use_fp16": nc.fp16, "device": None if nc.device == "auto" else nc.device,
+        spec = self.engine_of(cells, cfg)
+        hosts = shared_hosts(spec)
+        load = {k: v for k, v in spec.load.items() if k != "model"}
+        embedder = {**load, "max_length": nc.max_length, "batch_size": nc.encode_batch_size,
                     "hosts": hosts}
-        pool = (forwarder_pool(hosts) if hosts else
-                dict(compute=actor_pool(p, key="narrow.parallel"), num_cpus=p.num_cpus,
-                     num_gpus=p.num_gpus))
         return ds.map_batches(
             StoreEmbedder, batch_format="pyarrow", batch_size=p.batch_size,
             fn_constructor_kwargs={
                 "store_uri": RunStore(cfg.run_root).uri if nc.cache else None,
-                "model": resolve_model(nc.model, key="narrow.model"), "cache_model": nc.model,
+                "model": spec.load["model"], "cache_model": nc.model,
                 "settings": vector_settings(nc),
                 "spaces": [c.key["lang"] for c in cells], "embedder": embedder},
-            **pool)
+            **pool_args(p, key="narrow.parallel", hosts=hosts))
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         import pyarrow.compute as pc

@@ -30,7 +30,7 @@ from pydantic import Field, field_validator, model_validator
 from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.hosts import embedder_spec, shared_hosts
 from xling.core.models import resolve_model
-from xling.core.pools import LIGHT_CPUS, actor_pool, forwarder_pool
+from xling.core.pools import LIGHT_CPUS, pool_args
 from xling.core.runner import (RID, Cell, Stage, StageFailed, part_exports, part_files,
                                require_done)
 from xling.core.sources import TopicSpec, read_queries, spec_files
@@ -296,11 +296,9 @@ class RetrieveStage(Stage):
         if run.engine == "dense":
             ds = ds.map_batches(functools.partial(_with_weights, weights=weights),
                                 batch_format="pyarrow", num_cpus=LIGHT_CPUS)
-        pool = (forwarder_pool(hosts) if hosts else
-                dict(compute=actor_pool(p, key="retrieve.parallel"), num_cpus=p.num_cpus,
-                     num_gpus=p.num_gpus))
         out = ds.map_batches(cls, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
-                             batch_size=p.batch_size, **pool)
+                             batch_size=p.batch_size,
+                             **pool_args(p, key="retrieve.parallel", hosts=hosts))
         return out.map_batches(functools.partial(_label, systems=systems), batch_format="pyarrow",
                                num_cpus=LIGHT_CPUS)
 
