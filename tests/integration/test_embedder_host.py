@@ -22,7 +22,7 @@ def _assert_same(got: pa.Table, want: pa.Table) -> None:
     assert got.column_names == want.column_names
     assert got["error"].to_pylist() == want["error"].to_pylist()
     for name in got.column_names:
-        if name in ("dense", "colbert", "sparse_weights"):
+        if name in ("dense", "colbert", "sparse_weights", "vector"):
             for a, b in zip(got[name].to_pylist(), want[name].to_pylist()):
                 assert (a is None) == (b is None)
                 if a is not None:
@@ -69,5 +69,18 @@ def test_hosted_embedder_gives_what_a_local_one_gives(tiny_models, ray_local):
         # a load setting is not a call's to change
         with pytest.raises(ray.exceptions.RayTaskError, match="change the loaded model"):
             q_hosted.with_settings(use_fp16=True)
+        # narrow's pool (vectors, token counts, its cache's fingerprint check) on the host
+        from xling.core.runner import CELL
+        from xling.core.vectors import StoreEmbedder
+
+        rows = pa.table({"text": TEXTS, CELL: pa.array([0] * len(TEXTS), pa.int64())})
+        narrow = dict(store_uri=None, model=path, cache_model="tiny:bge_m3",
+                      settings={"max_length": 64, "fp16": False}, spaces=["en"])
+        settings = dict(kind="bge-m3", use_fp16=False, device="cpu", max_length=64,
+                        batch_size=4)
+        got = StoreEmbedder(**narrow, embedder={**settings, "hosts": [host]})(rows)
+        want = StoreEmbedder(**narrow, embedder=settings)(rows)
+        _assert_same(got, want)
+        assert got["n_tokens"].to_pylist()[0] > 10 and got["error"].to_pylist()[5]
     finally:
         ray.kill(host)
