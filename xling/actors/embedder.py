@@ -103,6 +103,32 @@ def make_embedder(model: str, *, kind: str = DEFAULT, hosts: list | None = None,
     return embedder_class(kind)(model, **settings)
 
 
+class _Settings:
+    """What M3Embedder and HostedEmbedder answer alike from `info`, `_fingerprint` and
+    `with_settings`."""
+
+    info: dict
+    _fingerprint: dict
+
+    @property
+    def dim(self) -> int:
+        return self.info["dim"]
+
+    @property
+    def fingerprint(self) -> dict:
+        """The settings as asked for (fp16 off the GPU still means the setting)."""
+        return dict(self._fingerprint)
+
+    def with_settings(self, **per_call):
+        raise NotImplementedError
+
+    def with_outputs(self, *, dense: bool | None = None, sparse: bool | None = None,
+                     colbert: bool | None = None):
+        """The same loaded model with other outputs switched on or off (no second load)."""
+        asked = {"dense": dense, "sparse": sparse, "colbert": colbert}
+        return self.with_settings(**{k: v for k, v in asked.items() if v is not None})
+
+
 class EmbedderHost:
     """A Ray actor that holds one loaded embedder for several stages of a run (index,
     retrieve, narrow; core/hosts.py): each call names its per-call settings."""
@@ -129,7 +155,7 @@ class EmbedderHost:
         return view.info, view.fingerprint
 
 
-class HostedEmbedder:
+class HostedEmbedder(_Settings):
     """An `Embedder` whose model lives in `EmbedderHost` actors: batches go to them in turn
     (each host runs one at a time; a caller waits for its own)."""
 
@@ -144,14 +170,6 @@ class HostedEmbedder:
         self._turn = (self._turn + 1) % len(self.hosts)
         return self.hosts[self._turn]
 
-    @property
-    def dim(self) -> int:
-        return self.info["dim"]
-
-    @property
-    def fingerprint(self) -> dict:
-        return dict(self._fingerprint)
-
     def __call__(self, batch: pa.Table) -> pa.Table:
         import ray
 
@@ -165,11 +183,6 @@ class HostedEmbedder:
     def with_settings(self, **per_call) -> "HostedEmbedder":
         return HostedEmbedder(self.hosts, {**self.per_call, **per_call})
 
-    def with_outputs(self, *, dense: bool | None = None, sparse: bool | None = None,
-                     colbert: bool | None = None) -> "HostedEmbedder":
-        asked = {"dense": dense, "sparse": sparse, "colbert": colbert}
-        return self.with_settings(**{k: v for k, v in asked.items() if v is not None})
-
 
 class EmbedBatches:
     """Ray Data actor (map_batches) around `make_embedder(**settings)`."""
@@ -181,7 +194,7 @@ class EmbedBatches:
         return self.embedder(batch)
 
 
-class M3Embedder:
+class M3Embedder(_Settings):
     """BGE-M3 for `map_batches`: dense (default), sparse and ColBERT outputs.
 
     `max_length` is in tokens (longer texts are truncated; 512 as in the BGE-M3 paper's
@@ -233,24 +246,9 @@ class M3Embedder:
                      "dtype": str(weights.dtype).removeprefix("torch."),
                      "use_fp16": use_fp16, "max_length": max_length, "note": note}
 
-    @property
-    def dim(self) -> int:
-        return self.info["dim"]
-
-    @property
-    def fingerprint(self) -> dict:
-        """max_length and fp16 as asked for (fp16 off the GPU still means the setting)."""
-        return dict(self._fingerprint)
-
     def count_tokens(self, texts: list[str]) -> list[int]:
         ids = self.model.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
         return [len(i) for i in ids]
-
-    def with_outputs(self, *, dense: bool | None = None, sparse: bool | None = None,
-                     colbert: bool | None = None) -> "M3Embedder":
-        """The same loaded model with other outputs switched on or off (no second load)."""
-        asked = {"dense": dense, "sparse": sparse, "colbert": colbert}
-        return self.with_settings(**{k: v for k, v in asked.items() if v is not None})
 
     def with_settings(self, **per_call) -> "M3Embedder":
         """The same loaded model with other `PER_CALL` settings (no second load)."""
