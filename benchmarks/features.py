@@ -22,8 +22,8 @@ the whole run, the ratio xling / bare, and start-up (model load for bare; Ray Da
 actor start and model load for xling); and how far xling's outputs are from bare's.
 
 Default sizes make each bare side run 20 s or more on 2 cores (issue 28: a fixed start-up must
-not decide the ratio alone): 2,000 NLI pairs (~70 s bare) and 8,000 reranker pairs (~27 s
-bare; 2,000 ran 6.7 s, so start-up alone held the ratio near 0.5).
+not decide the ratio alone): 2,000 NLI pairs (70-120 s bare here) and 8,000 reranker pairs
+(27-52 s bare; 2,000 ran 6.7 s, so start-up alone held the ratio near 0.5).
 
     .venv/bin/python benchmarks/features.py
     .venv/bin/python benchmarks/features.py --features reranker --pairs 2000   # one size for both
