@@ -55,6 +55,16 @@ def embedder_spec(model: str, path: str, parallel: Parallelism, *, use_fp16: boo
                                 "device": device}, parallel)
 
 
+def embedder_of(section, *, key: str, parallel: Parallelism | None = None) -> EmbedderSpec:
+    """The embedder a config section loads (index.dense, narrow: its model, fp16, device),
+    with the section's pool or `parallel`; `key` names the model setting in errors."""
+    from xling.core.models import resolve_model
+
+    return embedder_spec(section.model, resolve_model(section.model, key=key),
+                         parallel or section.parallel, use_fp16=section.fp16,
+                         device=None if section.device == "auto" else section.device)
+
+
 def host_key(spec: EngineSpec | EmbedderSpec) -> str:
     """Entries with the same key can share an engine: the same engine args, apart from the
     settings sent with each call. (The actor's environment depends on the cluster only.)"""
@@ -85,7 +95,8 @@ CALL_RETRIES = 3  # times a call is sent again after its host died (see start_ho
 
 
 def start_hosts(spec: EngineSpec, n: int, cpus: float, gpus: float) -> list:
-    """`n` EngineHost actors for `spec`'s engine, up (or this raises).
+    """`n` host actors for `spec`'s engine (EngineHost, or EmbedderHost for an
+    `EmbedderSpec`), up (or this raises).
 
     A host whose process dies (the engine crashed or ran out of memory, its node was lost)
     is started again and the calls it had in flight are sent again, as Ray Data does for its

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
-from xling.core.hosts import embedder_spec, shared_hosts
+from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.models import resolve_model
 from xling.core.pools import LIGHT_CPUS, actor_pool, pool_args, pool_resources
 from xling.core.runner import (
@@ -259,10 +259,7 @@ class IndexStage(Stage):
     def engine_of(self, cells: list[Cell], cfg: XlingConfig):
         if cells[0].key["engine"] != "dense":
             return None
-        d = cfg.index.dense
-        return embedder_spec(d.model, resolve_model(d.model, key="index.dense.model"),
-                             d.parallel, use_fp16=d.fp16,
-                             device=None if d.device == "auto" else d.device)
+        return embedder_of(cfg.index.dense, key="index.dense.model")
 
     def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
         if cells[0].key["engine"] == "bm25":

@@ -29,7 +29,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict
-from xling.core.hosts import embedder_spec, shared_hosts
+from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.models import resolve_model
 from xling.core.pools import pool_args, pool_resources
 from xling.core.runner import RID, Cell, Stage, part_files
@@ -105,10 +105,7 @@ class NarrowStage(Stage):
         return [self.engine_of(cells, cfg)] if cells else []
 
     def engine_of(self, cells: list[Cell], cfg: XlingConfig):
-        nc = cfg.narrow
-        return embedder_spec(nc.model, resolve_model(nc.model, key="narrow.model"),
-                             nc.parallel, use_fp16=nc.fp16,
-                             device=None if nc.device == "auto" else nc.device)
+        return embedder_of(cfg.narrow, key="narrow.model")
 
     def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
         return pool_resources(cfg.narrow.parallel)

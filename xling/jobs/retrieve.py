@@ -28,8 +28,7 @@ import pyarrow.compute as pc
 from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
-from xling.core.hosts import embedder_spec, shared_hosts
-from xling.core.models import resolve_model
+from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.pools import LIGHT_CPUS, pool_args
 from xling.core.runner import (RID, Cell, Stage, StageFailed, part_exports, part_files,
                                require_done)
@@ -233,10 +232,8 @@ class RetrieveStage(Stage):
         narrow) when they run next to each other (core/hosts.py)."""
         if _run(cfg, cells[0].key["run"]).engine != "dense":
             return None
-        d = cfg.index.dense
-        return embedder_spec(d.model, resolve_model(d.model, key="index.dense.model"),
-                             cfg.retrieve.parallel, use_fp16=d.fp16,
-                             device=None if d.device == "auto" else d.device)
+        return embedder_of(cfg.index.dense, key="index.dense.model",
+                           parallel=cfg.retrieve.parallel)
 
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         # Inputs made by earlier stages must be in the store, unless this invocation runs
@@ -287,10 +284,12 @@ class RetrieveStage(Stage):
                           threads=rc.threads, merge=run.merge, heap=cfg.index.bm25.heap)
         else:
             cls = StoreDenseSearcher
-            kwargs = dict(store_uri=store.uri, k=rc.depth, merge=run.merge,
-                          **dense_kwargs(cfg))
-            hosts = shared_hosts(self.engine_of(cells, cfg))
-            kwargs["embedder"]["hosts"] = hosts
+            spec, d = self.engine_of(cells, cfg), cfg.index.dense
+            hosts = shared_hosts(spec)
+            # the index's model, with the query max length
+            kwargs = dict(store_uri=store.uri, k=rc.depth, merge=run.merge, threads=rc.threads,
+                          embedder={**spec.load, "max_length": d.query_max_length,
+                                    "batch_size": d.encode_batch_size, "hosts": hosts})
         systems = {i: c.key["run"] for i, c in enumerate(cells)}
         weights = {i: _run(cfg, c.key["run"]).weights for i, c in enumerate(cells)}
         if run.engine == "dense":
@@ -498,15 +497,6 @@ def _fuse(batch: pa.Table, *, specs: dict, depth: int) -> pa.Table:
 
 # ---------------------------------------------------------------------------------------
 # the dense retriever actor wired to the run store: settings from config, shards from cells
-
-
-def dense_kwargs(cfg: XlingConfig) -> dict:
-    """Query-side BGE-M3 settings: the index's model, with the query max length."""
-    d = cfg.index.dense
-    return {"embedder": dict(model=resolve_model(d.model, key="index.dense.model"),
-                             max_length=d.query_max_length, batch_size=d.encode_batch_size,
-                             use_fp16=d.fp16, device=None if d.device == "auto" else d.device),
-            "threads": cfg.retrieve.threads}
 
 
 class StoreDenseSearcher:
