@@ -84,7 +84,10 @@ _GLUED_RE = re.compile(r"(?:(?<=[^\W\d_]{2})|(?<=\d))[.!?]+(?=[^\W\d_]{2})"
 # A full stop (or ! ?) and a space between a lower-case word of three letters or more and a
 # capital: "ewé kan. Ní" (Yoruba), where sentencex's fallback English abbreviations ("Kan.")
 # keep the sentences together. Abbreviations are capitalised or shorter ("Dr.", "vs.").
-_SPACED_RE = re.compile(r"(?<=[^\W\d_]{3})[.!?]+\s+(?=[^\W\d_])")
+# The word (group 1: the whole run of letters) is part of the match, so that checking its
+# case costs its length, not the text before it (a piece sentencex leaves whole can be a
+# 400k-word haystack).
+_SPACED_RE = re.compile(r"(?<![^\W\d_])([^\W\d_]{3,})[.!?]+\s+(?=[^\W\d_])")
 _CJK_CHAR = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
 # Thai and Lao: a space between two letters of the script (not around digits, Latin words
 # or brackets, which Thai also sets off with spaces).
@@ -132,8 +135,7 @@ def _cuts(piece: str, script: str) -> list[int]:
     if script in CASED_SCRIPTS:
         cuts |= {m.end() for m in _GLUED_RE.finditer(piece)}
         for m in _SPACED_RE.finditer(piece):
-            word = re.search(r"[^\W\d_]+$", piece[:m.start()]).group()
-            if word.islower() and piece[m.end()].isupper():
+            if m.group(1).islower() and piece[m.end()].isupper():
                 cuts.add(m.end())
     if script in SPACE_SENTENCE_SCRIPTS:
         cuts |= {m.end() for m in _THAI_SPACE_RE.finditer(piece)}
