@@ -8,17 +8,28 @@ the same sentences of the same mLongRR contexts, in one run.
   distinct sentences through the `StoreEmbedder` actor pool (the embedding cache, Arrow
   batches, commits), then the exact ranking of every haystack on the driver.
 
-Both sides embed each distinct sentence once, so the ratio is the stage's overhead around the
-engine (steady state, benchmarks/common.py; the ranking is timed apart). The gain xling has
-over a per-context pipeline, which would embed every sentence of every haystack, is reported
-separately: sentences in all contexts / distinct sentences (the mLongRR haystacks of one
-language share their text across lengths, depths and needle counts).
+Both sides embed each distinct sentence once. Reported, whole run first (records / wall
+time, start-up included, the ranking included on both sides), then the steady rate as a
+diagnostic (benchmarks/common.py). The gain xling has over a per-context pipeline, which
+would embed every sentence of every haystack, is reported separately: sentences in all
+contexts / distinct sentences (the haystacks of one language share their text across
+lengths, depths and needle counts).
 
-Data: the shared mLongRR files when they are there (`../shared/data/mlongrr`, every length
-up to 64k of English 1- and 3-needle), else the shipped 2k cuts (tests/data/mlongrr).
+Data, by default: 1-needle haystacks of 8k, 64k and 384k words built by the study's own
+builder (`studies/cross/build.build_cases`, as for a language the shared files lack) from
+random sentences over the demo corpus' vocabulary, in the scripts the demo holds. The 384k
+haystack holds ~25k distinct sentences, so the bare embedding runs ≥ 20 s here (2 cores,
+tiny model) and xling's fixed start-up does not decide the ratio alone. `--shared` uses the
+shared mLongRR files instead (`../shared/data/mlongrr`, every length up to 64k of English 1-
+and 3-needle; 1,405 distinct sentences, ~1.5 s of bare embedding: a start-up benchmark).
+
+Threads: bare torch uses every core. The xling actor is given as many (its `num_cpus`, which
+Ray turns into its torch threads), and Ray is told of one CPU more than the machine has, so
+that the pipeline's light read and commit tasks still find a slot beside it.
 
     .venv/bin/python benchmarks/narrow.py
-    .venv/bin/python benchmarks/narrow.py --model BAAI/bge-m3 --lengths 2k,8k,16k   # GPU
+    .venv/bin/python benchmarks/narrow.py --shared
+    .venv/bin/python benchmarks/narrow.py --model BAAI/bge-m3 --lengths 2k,8k,16k --shared   # GPU
 """
 
 from __future__ import annotations
@@ -34,7 +45,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_ratios, stream_rates  # noqa: E402
+from common import print_ratios, print_stats, stream_rates  # noqa: E402
+from index import texts, vocabulary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared/data/mlongrr"
@@ -46,11 +58,36 @@ def data_files(lang_file: str) -> list[str]:
             if p.is_file()]
 
 
+def synthetic_files(out: Path, lengths: list[str]) -> list[str]:
+    """1-needle haystacks at `lengths` (whitespace words), built by the study's builder from
+    random sentences (6-24 words over the demo's vocabulary, 10 a document): each length's
+    haystack starts with the shorter ones' documents, as real ones do, so the distinct
+    sentences are about the longest haystack's."""
+    from xling.studies.cross.build import build_cases, write_cases_csv
+    from xling.studies.cross.data import length_value
+
+    words = max(length_value(x) for x in lengths)
+    vocab = vocabulary()
+    sentences = texts(words // 14 + 1000, 5, 23, vocab, seed=3)
+    # A sentence starts with a capital and ends on a word of 5+ letters: before a lower-case
+    # word, or after "в" or "i.e", the splitter rightly reads a period as no sentence end.
+    last = [w for w in vocab if len(w) >= 5 and w.isascii() and w.isalpha() and w.islower()]
+    sentences = [f"{x[:1].upper()}{x[1:]} {last[i % len(last)]}." for i, x in enumerate(sentences)]
+    docs = [{"doc_id": f"s{i}", "lang": "en", "title": "", "text": " ".join(sentences[i:i + 10])}
+            for i in range(0, len(sentences), 10)]
+    rows = build_cases(docs, lang="en", lengths=lengths, needles=1, unit="words:whitespace")
+    return [write_cases_csv(rows, out / "1-needle" / "English_needles.csv")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny:bge_m3", help="hub id, local path or tiny:bge_m3")
     ap.add_argument("--file", default="English_needles.csv", help="mLongRR file name")
-    ap.add_argument("--lengths", default="2k,8k,16k,32k,64k", help="context lengths to keep")
+    ap.add_argument("--lengths", default=None,
+                    help="context lengths: built (default 16k,128k,1280k), or kept of the shared "
+                         "files with --shared (default all, 2k-64k)")
+    ap.add_argument("--shared", action="store_true",
+                    help="the shared mLongRR files instead of built haystacks")
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--encode-batch-size", type=int, default=32)
     ap.add_argument("--shards", type=int, default=4)
@@ -69,17 +106,24 @@ def main() -> None:
     from xling.studies.registry import get_study
 
     gpu = torch.cuda.is_available()
-    files = data_files(args.file)
+    tmp = Path(tempfile.mkdtemp(prefix="xling-bench-narrow-"))
+    if args.shared:
+        lengths = (args.lengths or "2k,8k,16k,32k,64k").split(",")
+        files = data_files(args.file)
+    else:
+        lengths = (args.lengths or "16k,128k,1280k").split(",")
+        t = time.perf_counter()
+        files = synthetic_files(tmp / "data", lengths)
+        print(f"built {files[0]} in {time.perf_counter() - t:.1f} s")
     cross = get_study("cross")
-    opts = cross.validate_options({"data": files, "query_langs": ["en"],
-                                   "lengths": args.lengths.split(",")})
+    opts = cross.validate_options({"data": files, "query_langs": ["en"], "lengths": lengths})
     clang = opts["context_langs"][0]
     t = time.perf_counter()
     got = cross.narrow_inputs(opts, clang)
     split_s = time.perf_counter() - t
     sentences, queries = list(got["sentences"].values()), got["queries"]
     n = len(sentences) + len(queries)
-    print(f"{len(files)} file(s), lengths {args.lengths}: {got['contexts']} contexts, "
+    print(f"{len(files)} file(s), lengths {','.join(lengths)}: {got['contexts']} contexts, "
           f"{got['sentences_total']} sentences, {len(sentences)} distinct, {len(queries)} "
           f"queries; model {args.model}, device {'cuda' if gpu else 'cpu'}, split "
           f"{split_s:.2f} s")
@@ -102,22 +146,23 @@ def main() -> None:
     del bare
 
     # ---- xling: the narrow stage -------------------------------------------------------------
-    tmp = Path(tempfile.mkdtemp(prefix="xling-bench-narrow-"))
     cpus = os.cpu_count() or 1
     cfg = validate_config({
         "name": "bench", "run_root": str(tmp / "run"),
         "study": {"task": "cross", "options": {"data": files, "query_langs": ["en"],
-                                               "lengths": args.lengths.split(","),
+                                               "lengths": lengths,
                                                "methods": ["cross"]}},
         "narrow": {"model": args.model, "max_length": args.max_length,
                    "fp16": gpu, "encode_batch_size": args.encode_batch_size,
                    "shards": args.shards,
-                   # one actor holding the cores (Ray gives it as many torch threads) beside
-                   # the read and commit tasks; on a GPU one actor per GPU
-                   "parallel": {"concurrency": [1, 1], "batch_size": 8 * args.encode_batch_size,
-                                "num_gpus": 1 if gpu else 0,
-                                "num_cpus": 1 if gpu else max(1, cpus - 1)}}})
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+                   # one actor with every core as torch threads, as bare torch has them (Ray
+                   # makes its num_cpus its torch threads); on a GPU one actor per GPU
+                   "parallel": {"concurrency": [1, 1], "num_gpus": 1 if gpu else 0,
+                                "num_cpus": 1 if gpu else cpus}}})
+    # One logical CPU more than the cores: the slot the light read and commit tasks take
+    # beside the actor (they use a few percent of a core).
+    ray.init(num_cpus=cpus + (0 if gpu else 1), include_dashboard=False,
+             logging_level=logging.WARNING)
     ray.data.DataContext.get_current().enable_progress_bars = False
     store = RunStore(cfg.run_root)
     runner = Runner(store, progress=False, log=lambda *_: None)
@@ -125,6 +170,7 @@ def main() -> None:
     runner.run(NarrowStage(), cfg)
     wall = time.perf_counter() - t
     rates = stream_rates(runner, wall, "StoreEmbedder", 1)
+    print_stats(runner)
     [cell] = store.list_dirs("narrow")
     manifest = store.read_json(f"narrow/{cell}/_manifest.json")
     xsel = store.read_parquet(f"narrow/{cell}/_selections.parquet").to_pylist()

@@ -35,6 +35,29 @@ def test_defaults_and_overrides(tmp_path):
     assert cfg.ingest.parallel.concurrency == (2, 4)
 
 
+def test_a_partial_parallel_keeps_its_sections_defaults(tmp_path):
+    """Setting one key of a stage's `parallel` leaves the stage's other pool defaults (index:
+    1,024 documents a call at half a CPU; narrow: 1,024 sentences), not Parallelism's."""
+    text = BASE + textwrap.dedent("""
+        index:
+          collections: [{name: c, path: x.jsonl, langs: [fi]}]
+          engines: [bm25, dense]
+          parallel: {concurrency: [4, 4]}
+          dense: {parallel: {num_cpus: 2}}
+        """)
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.index.parallel.model_dump() == {"concurrency": (4, 4), "batch_size": 1024,
+                                               "num_cpus": 0.5, "num_gpus": 0.0}
+    assert cfg.index.dense.parallel.model_dump() == {"concurrency": (1, 2), "batch_size": 256,
+                                                     "num_cpus": 2.0, "num_gpus": 0.0}
+    cfg = load_config(write(tmp_path, text), ["index.parallel.batch_size=8"])
+    assert (cfg.index.parallel.concurrency, cfg.index.parallel.batch_size,
+            cfg.index.parallel.num_cpus) == ((4, 4), 8, 0.5)
+    # a bad value is still an error, named by its key
+    with pytest.raises(ConfigError, match="concurrency"):
+        load_config(write(tmp_path, text), ["index.parallel.concurrency=[3,1]"])
+
+
 def test_unknown_key_names_file_key_and_fix(tmp_path):
     p = write(tmp_path, BASE + "  batchsize: 3\n")
     with pytest.raises(ConfigError) as e:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field
 
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict
@@ -57,7 +58,9 @@ class NarrowConfig(Strict):
     encode_batch_size: int = NoHash(32, ge=1, description="texts per model forward pass")
     cache: bool = NoHash(True, description="reuse vectors stored in the run store")
     shards: int = NoHash(4, ge=1, le=100_000, description="deterministic shards per cell")
-    parallel: Parallelism = NoHash(Parallelism(batch_size=256))
+    # A call of 1,024 sentences: FlagEmbedding runs each call's first forward batch twice (an
+    # out-of-memory probe) and sorts by length only within a call, so small calls pay both.
+    parallel: Parallelism = NoHash(Parallelism(batch_size=1024))
 
 
 SELECTIONS = "_selections.parquet"  # beside the part files; "_" keeps it out of dataset reads
@@ -117,9 +120,15 @@ class NarrowStage(Stage):
         ids = [*(f"s:{k}" for k in got["sentences"]), *got["queries"]]
         texts = [*got["sentences"].values(), *got["queries"].values()]
         kinds = ["sentence"] * len(got["sentences"]) + ["query"] * len(got["queries"])
-        return ray.data.from_arrow(pa.table({RID: pa.array(ids, pa.string()),
-                                             "kind": pa.array(kinds, pa.string()),
-                                             "text": pa.array(texts, pa.string())}))
+        rows = pa.table({RID: pa.array(ids, pa.string()), "kind": pa.array(kinds, pa.string()),
+                         "text": pa.array(texts, pa.string())})
+        # Shortest first (stable): the partition keeps the order in each shard file, so the
+        # pool's calls hold sentences of similar lengths and the forward batches pad little.
+        # The rows, and so the vectors, are the same in any order.
+        return ray.data.from_arrow(rows.take(pc.sort_indices(pc.utf8_length(rows["text"]))))
+
+    def read_block_rows(self, cells: list[Cell], cfg: XlingConfig) -> int | None:
+        return cfg.narrow.parallel.batch_size  # a call reads one run of sorted rows
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         nc = cfg.narrow
@@ -139,8 +148,6 @@ class NarrowStage(Stage):
             **pool_args(p, key="narrow.parallel", hosts=hosts))
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
-        import pyarrow.compute as pc
-
         study, opts, clang = _study(cfg), cell.params["options"], cell.key["lang"]
         t = store.read_parquet(part_files(store, cell.dir),
                                columns=[RID, "kind", "vector", "n_tokens", "cached", "error"])
