@@ -78,16 +78,27 @@ _STRONG_RE = re.compile(
     f"[{_STRONG}]+(?:[{re.escape(_CLOSERS)}]|\\[[^\\]\\s]{{1,12}}\\])*"
     f"(?=\\s*[^\\s{re.escape(_CLOSERS)}\\[])")
 # A Latin full stop (or ! ?) glued to the next word: "tahay.Waxaan", "4753820.haa". Not
-# between digits (decimals) and not after a single letter ("U.S.", "e.g.").
-_GLUED_RE = re.compile(r"(?:(?<=[^\W\d_]{2})|(?<=\d))[.!?]+(?=[^\W\d_]{2})"
-                       r"(?!(?:com|org|net|edu|gov|int|info|io|html?|pdf)\b)")
+# between digits (decimals) and not after a single letter ("U.S.", "e.g."): the match must
+# follow two letters or a digit (checked in `_cuts`).
+_GLUED_RE = re.compile(r"[.!?]+(?=[^\W\d_]{2})(?!(?:com|org|net|edu|gov|int|info|io|html?|pdf)\b)")
 # A full stop (or ! ?) and a space between a lower-case word of three letters or more and a
 # capital: "ewé kan. Ní" (Yoruba), where sentencex's fallback English abbreviations ("Kan.")
 # keep the sentences together. Abbreviations are capitalised or shorter ("Dr.", "vs.").
-# The word (group 1: the whole run of letters) is part of the match, so that checking its
-# case costs its length, not the text before it (a piece sentencex leaves whole can be a
-# 400k-word haystack).
-_SPACED_RE = re.compile(r"(?<![^\W\d_])([^\W\d_]{3,})[.!?]+\s+(?=[^\W\d_])")
+_SPACED_RE = re.compile(r"[.!?]+\s+(?=[^\W\d_])")
+# Both patterns start at the stop, so that re scans for it (most pieces hold one or two);
+# what precedes it is checked per match, over the word before it only.
+_LETTER = re.compile(r"[^\W\d_]")
+_DIGIT = re.compile(r"\d")
+
+
+def _word_before(piece: str, at: int) -> str:
+    """The run of letters that ends at ``at``."""
+    start = at
+    while start > 0 and _LETTER.match(piece, start - 1):
+        start -= 1
+    return piece[start:at]
+
+
 _CJK_CHAR = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
 # Thai and Lao: a space between two letters of the script (not around digits, Latin words
 # or brackets, which Thai also sets off with spaces).
@@ -133,9 +144,14 @@ def _cuts(piece: str, script: str) -> list[int]:
     """Offsets inside ``piece`` (one sentencex sentence) where xling's rules add a boundary."""
     cuts = {m.end() for m in _STRONG_RE.finditer(piece)}
     if script in CASED_SCRIPTS:
-        cuts |= {m.end() for m in _GLUED_RE.finditer(piece)}
+        for m in _GLUED_RE.finditer(piece):
+            at = m.start()
+            if (at >= 1 and _DIGIT.match(piece, at - 1)) or (
+                    at >= 2 and _LETTER.match(piece, at - 1) and _LETTER.match(piece, at - 2)):
+                cuts.add(m.end())
         for m in _SPACED_RE.finditer(piece):
-            if m.group(1).islower() and piece[m.end()].isupper():
+            word = _word_before(piece, m.start())
+            if len(word) >= 3 and word.islower() and piece[m.end()].isupper():
                 cuts.add(m.end())
     if script in SPACE_SENTENCE_SCRIPTS:
         cuts |= {m.end() for m in _THAI_SPACE_RE.finditer(piece)}
