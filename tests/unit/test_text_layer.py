@@ -110,6 +110,35 @@ def test_a_long_piece_sentencex_keeps_whole_is_cut_by_xlings_rules():
     assert sentences(text, "yo") == ["Ó rí ewé kan.", "Ní Dr. Ade rí ewé kan. ọjà ni kan."] * 3_000
 
 
+def test_the_rules_cut_where_their_plain_regex_statement_cuts():
+    """`_cuts` finds each stop first and checks the word before it; the rules stated as one
+    regex each (lookbehinds, and the word read back from the text before the stop) are the
+    reference, on random strings of letters, digits, stops, spaces and several scripts."""
+    import random
+    import re
+
+    from xling.tasks.text import _cuts
+
+    glued = re.compile(r"(?:(?<=[^\W\d_]{2})|(?<=\d))[.!?]+(?=[^\W\d_]{2})"
+                       r"(?!(?:com|org|net|edu|gov|int|info|io|html?|pdf)\b)")
+    spaced = re.compile(r"(?<=[^\W\d_]{3})[.!?]+\s+(?=[^\W\d_])")
+
+    def reference(piece):
+        cuts = {m.end() for m in glued.finditer(piece)}
+        for m in spaced.finditer(piece):
+            word = re.search(r"[^\W\d_]+$", piece[:m.start()]).group()
+            if word.islower() and piece[m.end()].isupper():
+                cuts.add(m.end())
+        return sorted(c for c in cuts if 0 < c < len(piece))
+
+    rng = random.Random(7)
+    parts = [*"abXYé .!?  ²٣4_", "ni", "Dr.", "kan. Ní", "U.S.", "x.com", ".Wax", "।", "ক", "Ω"]
+    for _ in range(5_000):
+        piece = "".join(rng.choice(parts) for _ in range(rng.randint(1, 30)))
+        strong = _cuts(piece, "Beng")  # an uncased script: the strong terminators only
+        assert _cuts(piece, "Latn") == sorted(set(reference(piece)) | set(strong)), piece
+
+
 def test_unknown_languages_are_errors_never_a_fallback():
     for bad in ("xx", "english-ish", ""):
         with pytest.raises(UnknownLanguageError):
