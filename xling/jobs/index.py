@@ -268,11 +268,16 @@ class IndexStage(Stage):
 
     def read_block_rows(self, cells: list[Cell], cfg: XlingConfig) -> int | None:
         # Lucene's batches are large and Arrow-only work precedes them: a few batches a block.
-        return 4 * cfg.index.parallel.batch_size if cells[0].key["engine"] == "bm25" else None
+        if cells[0].key["engine"] == "bm25":
+            return 4 * cfg.index.parallel.batch_size
+        # Dense: blocks of several calls, ordered by length in `_contents`, so that a call holds
+        # passages of similar lengths (FlagEmbedding sorts only within a call).
+        return 8 * cfg.index.dense.parallel.batch_size
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         ic = cfg.index
-        ds = ds.map_batches(functools.partial(_contents, fields=ic.contents),
+        dense = cells[0].key["engine"] == "dense"
+        ds = ds.map_batches(functools.partial(_contents, fields=ic.contents, by_length=dense),
                             batch_format="pyarrow", num_cpus=LIGHT_CPUS)
         if cells[0].key["engine"] == "bm25":
             # The Lucene segments are built here, from the partition's rows, in the one pass
@@ -329,8 +334,9 @@ def _translations_as_documents(batch: pa.Table) -> pa.Table:
                      "title": title, "text": batch["text"], "error": batch["error"]})
 
 
-def _contents(batch: pa.Table, *, fields: str) -> pa.Table:
-    """What gets indexed: title + newline + text (pyserini's Mr.TyDi/MIRACL/CIRAL layout)."""
+def _contents(batch: pa.Table, *, fields: str, by_length: bool = False) -> pa.Table:
+    """What gets indexed: title + newline + text (pyserini's Mr.TyDi/MIRACL/CIRAL layout);
+    `by_length`: the rows shortest first (stable), for an encoder's calls."""
     text = pc.utf8_trim_whitespace(pc.fill_null(batch["text"], ""))
     if fields == "title_text":
         title = pc.utf8_trim_whitespace(pc.fill_null(batch["title"], ""))
@@ -344,7 +350,8 @@ def _contents(batch: pa.Table, *, fields: str) -> pa.Table:
                        pa.scalar("empty document: nothing to index"), batch["error"])
     body = pc.if_else(empty, pa.scalar(None, pa.string()), body)
     keep = [c for c in batch.column_names if c != "error"]
-    return batch.select(keep).append_column("contents", body).append_column("error", error)
+    out = batch.select(keep).append_column("contents", body).append_column("error", error)
+    return out.take(pc.sort_indices(pc.utf8_length(body))) if by_length else out
 
 
 # ---------------------------------------------------------------------------------------
