@@ -15,13 +15,13 @@ would embed every sentence of every haystack, is reported separately: sentences 
 contexts / distinct sentences (the haystacks of one language share their text across
 lengths, depths and needle counts).
 
-Data, by default: 1-needle haystacks of 8k, 64k and 384k words built by the study's own
+Data, by default: 1-needle haystacks of 16k, 128k and 1,280k words built by the study's own
 builder (`studies/cross/build.build_cases`, as for a language the shared files lack) from
-random sentences over the demo corpus' vocabulary, in the scripts the demo holds. The 384k
-haystack holds ~25k distinct sentences, so the bare embedding runs ≥ 20 s here (2 cores,
+random sentences over the demo corpus' vocabulary, in the scripts the demo holds. The 1,280k
+haystack holds ~79k distinct sentences, so the bare embedding runs ~18-20 s here (2 cores,
 tiny model) and xling's fixed start-up does not decide the ratio alone. `--shared` uses the
 shared mLongRR files instead (`../shared/data/mlongrr`, every length up to 64k of English 1-
-and 3-needle; 1,405 distinct sentences, ~1.5 s of bare embedding: a start-up benchmark).
+and 3-needle; ~2,300 distinct sentences, ~1.3 s of bare embedding: a start-up benchmark).
 
 Threads: bare torch uses every core. The xling actor is given as many (its `num_cpus`, which
 Ray turns into its torch threads), and Ray is told of one CPU more than the machine has, so
@@ -69,8 +69,9 @@ def synthetic_files(out: Path, lengths: list[str]) -> list[str]:
     words = max(length_value(x) for x in lengths)
     vocab = vocabulary()
     sentences = texts(words // 14 + 1000, 5, 23, vocab, seed=3)
-    # A sentence starts with a capital and ends on a word of 5+ letters: before a lower-case
-    # word, or after "в" or "i.e", the splitter rightly reads a period as no sentence end.
+    # A sentence starts with a capital and ends on a lower-case Latin word of 5+ letters:
+    # before a lower-case word, or after "в" or "i.e", the splitter rightly reads a period
+    # as no sentence end.
     last = [w for w in vocab if len(w) >= 5 and w.isascii() and w.isalpha() and w.islower()]
     sentences = [f"{x[:1].upper()}{x[1:]} {last[i % len(last)]}." for i, x in enumerate(sentences)]
     docs = [{"doc_id": f"s{i}", "lang": "en", "title": "", "text": " ".join(sentences[i:i + 10])}
