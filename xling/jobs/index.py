@@ -276,10 +276,10 @@ class IndexStage(Stage):
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         ic = cfg.index
-        dense = cells[0].key["engine"] == "dense"
-        ds = ds.map_batches(functools.partial(_contents, fields=ic.contents, by_length=dense),
+        bm25 = cells[0].key["engine"] == "bm25"
+        ds = ds.map_batches(functools.partial(_contents, fields=ic.contents, by_length=not bm25),
                             batch_format="pyarrow", num_cpus=LIGHT_CPUS)
-        if cells[0].key["engine"] == "bm25":
+        if bm25:
             # The Lucene segments are built here, from the partition's rows, in the one pass
             # over the text; finalize only merges them.
             p = ic.parallel
@@ -351,7 +351,11 @@ def _contents(batch: pa.Table, *, fields: str, by_length: bool = False) -> pa.Ta
     body = pc.if_else(empty, pa.scalar(None, pa.string()), body)
     keep = [c for c in batch.column_names if c != "error"]
     out = batch.select(keep).append_column("contents", body).append_column("error", error)
-    return out.take(pc.sort_indices(pc.utf8_length(body))) if by_length else out
+    if by_length:
+        from xling.actors.embedder import shortest_first
+
+        return shortest_first(out, "contents")
+    return out
 
 
 # ---------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
+from xling.actors.embedder import shortest_first
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict
 from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.models import resolve_model
@@ -122,10 +123,9 @@ class NarrowStage(Stage):
         kinds = ["sentence"] * len(got["sentences"]) + ["query"] * len(got["queries"])
         rows = pa.table({RID: pa.array(ids, pa.string()), "kind": pa.array(kinds, pa.string()),
                          "text": pa.array(texts, pa.string())})
-        # Shortest first (stable): the partition keeps the order in each shard file, so the
-        # pool's calls hold sentences of similar lengths and the forward batches pad little.
-        # The rows, and so the vectors, are the same in any order.
-        return ray.data.from_arrow(rows.take(pc.sort_indices(pc.utf8_length(rows["text"]))))
+        # The partition keeps this order in each shard file; the rows, and so the vectors,
+        # are the same in any order.
+        return ray.data.from_arrow(shortest_first(rows, "text"))
 
     def read_block_rows(self, cells: list[Cell], cfg: XlingConfig) -> int | None:
         return cfg.narrow.parallel.batch_size  # a call reads one run of sorted rows
