@@ -59,8 +59,9 @@ def main() -> None:
                          "uses all)")
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="FAISS/torch threads per search actor")
-    ap.add_argument("--search-batch-size", type=int, default=2048,
-                    help="queries per retrieve actor call (FAISS and BLAS work best on many)")
+    ap.add_argument("--search-batch-size", type=int, default=0,
+                    help="queries per retrieve actor call (default: the stage's own, "
+                         "retrieve.query_batch: 2,048 at depth 100)")
     ap.add_argument("--depth", type=int, default=100)
     ap.add_argument("--search-only", action="store_true",
                     help="skip the bare passage embedding (FAISS then searches the vectors "
@@ -122,9 +123,12 @@ def main() -> None:
                                  "doc_langs": ["en"]}],
                      "runs": [{"name": "m3", "engine": "dense", "collection": "c"}],
                      "threads": args.threads,
-                     "parallel": {**pool, "batch_size": args.search_batch_size}}})
+                     "parallel": {**pool, "batch_size": args.search_batch_size or None}}})
     from xling.core.store import RunStore
     from xling.jobs.index import IndexStage, index_cells
+    from xling.jobs.retrieve import query_batch
+
+    search_batch = query_batch(cfg, "dense")
 
     xe, xs, n_xling_hits = run_xling(cfg, IndexStage(), ("EmbedBatches", args.actors),
                                      ("StoreDenseSearcher", args.actors))
@@ -154,8 +158,8 @@ def main() -> None:
     flat = FlatIndex([f"d{i}" for i in range(len(emb))], emb)
     build_s = time.perf_counter() - t
     t = time.perf_counter()
-    for start in range(0, len(qv), args.search_batch_size):
-        flat.search(qv[start:start + args.search_batch_size], args.depth)
+    for start in range(0, len(qv), search_batch):
+        flat.search(qv[start:start + search_batch], args.depth)
     exact_s = time.perf_counter() - t
 
     print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
@@ -166,7 +170,7 @@ def main() -> None:
     report("queries/s", len(queries) / bare_search_s, xs)
     print(f"  bare: encode {bare_encode_s:.1f} s + FAISS (add + one search) {faiss_s:.2f} s")
     print(f"  exactness: xling FlatIndex build "
-          f"{build_s:.2f} s + exact search in batches of {args.search_batch_size} "
+          f"{build_s:.2f} s + exact search in batches of {search_batch} "
           f"{exact_s:.2f} s ({exact_s / faiss_s:.2f}x FAISS)")
     wall = xs["records"] / xs["whole"]
     print(f"  xling search wall {wall:.1f} s: start-up {xs['startup']:.1f} s, pipeline "

@@ -58,6 +58,31 @@ def test_a_partial_parallel_keeps_its_sections_defaults(tmp_path):
         load_config(write(tmp_path, text), ["index.parallel.concurrency=[3,1]"])
 
 
+def test_search_calls_are_sized_by_engine_unless_given(tmp_path):
+    """`retrieve.parallel.batch_size` left out: BM25 searches 64 queries a call, dense as
+    many as keep a call's hits near 2^19 (never under one forward batch); given, it wins."""
+    from xling.jobs.retrieve import query_batch
+
+    text = BASE + textwrap.dedent("""
+        index:
+          collections: [{name: c, path: x.jsonl, langs: [fi]}]
+          engines: [bm25, dense]
+          dense: {encode_batch_size: 64}
+        retrieve:
+          topics: [{name: q, path: q.tsv, langs: [fi], doc_langs: [fi]}]
+          runs: [{name: b, engine: bm25, collection: c}, {name: d, engine: dense, collection: c}]
+          parallel: {concurrency: [2, 2]}
+        """)
+    sizes = {}
+    for depth in (100, 1000, 10_000):
+        cfg = load_config(write(tmp_path, text), [f"retrieve.depth={depth}"])
+        sizes[depth] = (query_batch(cfg, "bm25"), query_batch(cfg, "dense"))
+        assert cfg.retrieve.parallel.concurrency == (2, 2)
+    assert sizes == {100: (64, 2048), 1000: (64, (1 << 19) // 1000), 10_000: (64, 64)}
+    cfg = load_config(write(tmp_path, text), ["retrieve.parallel.batch_size=16"])
+    assert (query_batch(cfg, "bm25"), query_batch(cfg, "dense")) == (16, 16)
+
+
 def test_unknown_key_names_file_key_and_fix(tmp_path):
     p = write(tmp_path, BASE + "  batchsize: 3\n")
     with pytest.raises(ConfigError) as e:
