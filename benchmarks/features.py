@@ -139,8 +139,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=32, help="forward batch, both sides")
     ap.add_argument("--ray-batch", type=int, default=0,
-                    help="rows per actor call (default 8 forward batches: FlagReranker runs "
-                         "the first forward batch of every call twice)")
+                    help="rows per actor call (default: the stage's, features.<model>."
+                         "parallel.batch_size)")
     ap.add_argument("--actors", type=int, default=1,
                     help="actors; on CPU the machine's CPUs are shared out between them")
     args = ap.parse_args()
@@ -155,11 +155,12 @@ def main() -> None:
     from xling.actors.cross_encoder import CrossEncoderScorer
     from xling.actors.nli import NLIScorer
     from xling.core.models import resolve_model
+    from xling.jobs.features import ScorerModel
 
     gpu = torch.cuda.is_available()
     device = "cuda:0" if gpu else "cpu"
     cpus = os.cpu_count() or 1
-    ray_batch = args.ray_batch or 8 * args.batch_size
+    ray_batch = args.ray_batch or ScorerModel(model="m").parallel.batch_size  # the stage's
     # CPU: each actor gets an equal share of the cores (and as many torch threads); the bare
     # side runs with torch's default, all cores: with one actor, the same threads.
     resources = ({"num_gpus": 1 / args.actors} if gpu

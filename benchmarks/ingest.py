@@ -82,8 +82,7 @@ def bare(path: Path, tokenizer_dir: str, processes: int, batch_size: int) -> dic
     return {"whole": n / wall, "steady": n / (wall - start), "startup": start}
 
 
-def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int,
-                batch_size: int) -> dict:
+def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int) -> dict:
     import ray
     import ray.data
 
@@ -98,10 +97,9 @@ def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int,
     run_root = tempfile.mkdtemp(prefix="xling-bench-")
     cfg = validate_config({"name": "bench", "run_root": run_root, "ingest": {
         "tokenizer": tokenizer_dir, "shards": shards,
-        # Half a core each, so that every actor starts beside the pipeline's read and write
-        # tasks on a small machine; each still runs on a core of its own when it works.
-        "parallel": {"concurrency": [concurrency, concurrency], "batch_size": batch_size,
-                     "num_cpus": 0.5},
+        # The stage's own batch size and CPUs; the pool pinned to as many actors as bare
+        # has processes.
+        "parallel": {"concurrency": [concurrency, concurrency]},
         "corpora": [{"name": "bench", "format": "mrtydi", "path": str(path), "langs": ["en"]}]}})
     t0 = time.perf_counter()
     runner = Runner(RunStore(run_root), progress=False, log=lambda *_: None)
@@ -117,7 +115,8 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=200_000)
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=2, help="DocumentStats actors")
-    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=512,
+                    help="lines per bare task (xling uses the stage's ingest.parallel.batch_size)")
     args = ap.parse_args()
     from xling.dev.tiny_models import build_tiny_models
 
@@ -126,7 +125,7 @@ def main() -> None:
         path = Path(d) / "docs.jsonl"
         make_corpus(path, args.docs)
         b = bare(path, tok, args.concurrency, args.batch_size)
-        x = xling_stage(path, tok, args.shards, args.concurrency, args.batch_size)
+        x = xling_stage(path, tok, args.shards, args.concurrency)
     print(f"documents {args.docs}; {args.concurrency} processes (bare) / actors (xling), "
           f"{args.shards} shards")
     print_ratios("docs/s", b["steady"], b["whole"], x, b["startup"])

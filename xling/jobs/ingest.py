@@ -37,7 +37,11 @@ class IngestConfig(Strict):
         description="tokenizer for n_tokens: a hub id, a local path, or tiny:<name>",
     )
     shards: int = NoHash(8, ge=1, le=100_000, description="deterministic shards per cell")
-    parallel: Parallelism = NoHash(Parallelism())
+    # 512 documents a call, read in blocks of four calls: at 64 (Parallelism's generic
+    # default) the partition made 781 blocks of 256 rows for 200k documents, and the stage
+    # ran at 0.32 of its bare engine against 0.43-0.53 at 512 (benchmarks/ingest.py). Half a
+    # CPU an actor, as for index: the pool's actors start beside the reads on a small machine.
+    parallel: Parallelism = NoHash(Parallelism(batch_size=512, num_cpus=0.5))
 
 
 
