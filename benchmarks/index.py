@@ -157,15 +157,15 @@ def main() -> None:
         "index": {"engines": ["bm25"], "contents": "text", "shards": shards,
                   "collections": [{"name": "c", "format": "mrtydi",
                                    "path": str(tmp / "corpus.jsonl.gz"), "langs": ["el"]}],
-                  "parallel": {"concurrency": [args.threads, args.threads],
-                               "batch_size": 4096, "num_cpus": 0.5}},
+                  # the stage's batch size and CPUs; as many actors as bare has threads
+                  "parallel": {"concurrency": [args.threads, args.threads]}},
         "retrieve": {"depth": args.depth, "shards": 4 * args.threads,
                      "topics": [{"name": "q", "path": str(tmp / "topics.tsv"), "langs": ["el"],
                                  "doc_langs": ["el"]}],
                      "runs": [{"name": "bm25", "collection": "c"}],
                      # one actor searching with T threads, as batch_search does
                      "threads": args.threads,
-                     "parallel": {"concurrency": [1, 1], "batch_size": 2048, "num_cpus": 1}}})
+                     "parallel": {"concurrency": [1, 1], "num_cpus": 1}}})
     from xling.jobs.index import IndexStage
 
     class TimedIndexStage(IndexStage):

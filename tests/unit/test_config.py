@@ -37,7 +37,7 @@ def test_defaults_and_overrides(tmp_path):
 
 def test_a_partial_parallel_keeps_its_sections_defaults(tmp_path):
     """Setting one key of a stage's `parallel` leaves the stage's other pool defaults (index:
-    1,024 documents a call at half a CPU; narrow: 1,024 sentences), not Parallelism's."""
+    4,096 documents a call at half a CPU; narrow: 1,024 sentences), not Parallelism's."""
     text = BASE + textwrap.dedent("""
         index:
           collections: [{name: c, path: x.jsonl, langs: [fi]}]
@@ -46,7 +46,7 @@ def test_a_partial_parallel_keeps_its_sections_defaults(tmp_path):
           dense: {parallel: {num_cpus: 2}}
         """)
     cfg = load_config(write(tmp_path, text))
-    assert cfg.index.parallel.model_dump() == {"concurrency": (4, 4), "batch_size": 1024,
+    assert cfg.index.parallel.model_dump() == {"concurrency": (4, 4), "batch_size": 4096,
                                                "num_cpus": 0.5, "num_gpus": 0.0}
     assert cfg.index.dense.parallel.model_dump() == {"concurrency": (1, 2), "batch_size": 256,
                                                      "num_cpus": 2.0, "num_gpus": 0.0}

@@ -46,7 +46,7 @@ class Strict(BaseModel):
     @classmethod
     def _partial_parallel(cls, data: Any) -> Any:
         """A `parallel:` given in part keeps its section's defaults for the keys it leaves
-        out (index's 1,024 documents a call at half a CPU, say), not Parallelism's generic
+        out (index's 4,096 documents a call at half a CPU, say), not Parallelism's generic
         ones: `parallel: {concurrency: [4, 4]}` changes the pool size and nothing else."""
         if not isinstance(data, dict):
             return data
