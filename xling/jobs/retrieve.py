@@ -112,8 +112,8 @@ class SearchParallelism(Parallelism):
     batch_size: int | None = NoHash(
         None, gt=0, description="queries per searcher call; default by engine: BM25 64 "
                                 "(Lucene's cost is per query), dense as many as keep a call "
-                                "near half a million hits (2,048 at depth 100; see "
-                                "`query_batch`)")
+                                "near half a million hits (2,048 at depth 100, 524 "
+                                "at depth 1,000)")
 
 
 class RetrieveConfig(Strict):
