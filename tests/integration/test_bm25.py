@@ -201,3 +201,42 @@ def test_thai_bm25_is_refused_before_any_work_where_java_cannot_split_thai(tmp_p
                                           r"Fix: set JAVA_HOME to a full JDK"):
         IndexStage().prepare(cfg, RunStore(cfg.run_root))
     assert not (tmp_path / "run").exists()
+
+
+def test_documents_lucene_skips_are_error_rows_and_the_rest_is_indexed(tmp_path, ray_local):
+    """Anserini skips a document that Java's trim() empties (control characters only: not
+    whitespace to Arrow, so not caught as an empty document) and counts it apart. Each is an
+    error row of its cell, the other documents of its batch and cell are indexed, and a cell
+    whose every document is skipped fails alone, naming the error column; before, one such
+    document failed the Lucene pool's whole batch, and with it every cell in the batch."""
+    from xling.config import validate_config
+    from xling.core.runner import Runner, StageFailed, part_files
+    from xling.jobs.index import SKIPPED_BY_LUCENE, IndexStage
+
+    docs = {"fi": [{"docid": f"fi-{i}", "title": "", "text": f"kissa koira talo {i}"}
+                   for i in range(6)] + [{"docid": "fi-ctl", "title": "", "text": "\x01\x02"}],
+            "sw": [{"docid": "sw-ctl", "title": "", "text": "\x07"}]}
+    for lang, rows in docs.items():
+        (tmp_path / f"{lang}.jsonl").write_text(
+            "".join(json.dumps(d) + "\n" for d in rows), encoding="utf-8")
+    cfg = validate_config({
+        "name": "skips", "run_root": str(tmp_path / "run"),
+        "index": {"engines": ["bm25"], "shards": 2,
+                  "parallel": {"concurrency": [1, 1], "num_cpus": 0.5},
+                  "collections": [{"name": "c", "format": "mrtydi",
+                                   "path": str(tmp_path / "{lang}.jsonl"),
+                                   "langs": ["fi", "sw"]}]}})
+    runner = Runner(RunStore(cfg.run_root), progress=False, log=lambda *_: None)
+    with pytest.raises(StageFailed, match="error column"):
+        runner.run(IndexStage(), cfg)
+    store = RunStore(cfg.run_root)
+    for lang, rows in docs.items():
+        [cell] = [d for d in store.list_dirs("index") if d.startswith(f"c.{lang}.")]
+        # the failed cell has no manifest, but its committed part files hold the rows
+        table = store.read_parquet(part_files(store, f"index/{cell}"))
+        errors = dict(zip(table["doc_id"].to_pylist(), table["error"].to_pylist()))
+        assert sorted(errors) == sorted(d["docid"] for d in rows)
+        assert errors[f"{lang}-ctl"] == SKIPPED_BY_LUCENE
+        assert all(e is None for d, e in errors.items() if d != f"{lang}-ctl")
+    [fi] = [d for d in store.list_dirs("index") if d.startswith("c.fi.")]
+    assert store.read_json(f"index/{fi}/_manifest.json")["lucene"]["documents"] == 6

@@ -214,6 +214,24 @@ def merge_indexes(shard_dirs: list[str], out_dir: str, *, optimize: bool = False
     return index_stats(out_dir)
 
 
+def indexed_ids(index_dir: str) -> list[str]:
+    """The `id` of every document in a Lucene index, in index order."""
+    start_jvm()
+    from jnius import autoclass
+
+    Paths = autoclass("java.nio.file.Paths")
+    FSDirectory = autoclass("org.apache.lucene.store.FSDirectory")
+    DirectoryReader = autoclass("org.apache.lucene.index.DirectoryReader")
+    d = FSDirectory.open(Paths.get(index_dir))
+    reader = DirectoryReader.open(d)
+    try:
+        fields = reader.storedFields()
+        return [fields.document(i).get("id") for i in range(reader.maxDoc())]
+    finally:
+        reader.close()
+        d.close()
+
+
 def index_stats(index_dir: str) -> dict:
     start_jvm()
     from jnius import autoclass

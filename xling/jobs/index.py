@@ -365,6 +365,10 @@ def _contents(batch: pa.Table, *, fields: str, by_length: bool = False) -> pa.Ta
 # building the Lucene index from the committed shards
 
 
+SKIPPED_BY_LUCENE = ("Lucene skipped this document: nothing is left of it under Java's trim() "
+                     "(control characters only), or it holds a term over Lucene's 32,766 bytes")
+
+
 class LuceneSegments:
     """Ray Data actor: contents rows -> a small Lucene index per (cell, shard) of each batch,
     written to `{cell}/lucene/pieces/NNNNN/<uuid>/` in the run store (its marker last); the
@@ -382,10 +386,11 @@ class LuceneSegments:
     def __call__(self, batch: pa.Table) -> pa.Table:
         import uuid
 
-        from xling.actors.lucene import index_rows
+        from xling.actors.lucene import index_rows, indexed_ids
 
         cells, shards = batch[CELL].to_numpy(), batch[SHARD].to_numpy()
         piece = np.full(batch.num_rows, None, dtype=object)
+        errors = batch["error"].to_numpy(zero_copy_only=False).astype(object)
         for c, s in sorted({(int(c), int(s)) for c, s in zip(cells, shards)}):
             rows = (cells == c) & (shards == s)
             t = batch.filter(pa.array(rows))
@@ -393,17 +398,36 @@ class LuceneSegments:
             if ok.num_rows == 0:
                 continue
             rel = f"{self.dirs[c]}/lucene/pieces/{s:05d}/{uuid.uuid4().hex}"
+            ids = ok["doc_id"].to_pylist()
             with _output_dir(self.store, rel) as out:
-                stats = index_rows(zip(ok["doc_id"].to_pylist(), ok["contents"].to_pylist()),
-                                   out, self.analyzers[c], **self.settings)
-                if stats["documents"] != ok.num_rows:
-                    raise RuntimeError(f"Lucene indexed {stats['documents']} of "
-                                       f"{ok.num_rows} documents")
-                _commit_dir(self.store, out, rel, {**stats, "built_at": now()})
-            indexed = pc.is_in(batch["doc_id"], value_set=ok["doc_id"].combine_chunks())
-            piece[rows & indexed.fill_null(False).to_numpy(zero_copy_only=False)] = rel
-        return batch.drop_columns(["contents"]).append_column("lucene_piece",
-                                                              pa.array(piece, pa.string()))
+                stats = index_rows(zip(ids, ok["contents"].to_pylist()), out,
+                                   self.analyzers[c], **self.settings)
+                # Anserini skips, and counts apart, a document it cannot index: one empty
+                # under Java's trim() (control characters only) or with a term over Lucene's
+                # 32,766 bytes. Those are this slice's error rows; the rest is committed.
+                want = set(ids)
+                kept = set(indexed_ids(out)) if stats["documents"] != len(ids) else want
+                if kept:
+                    _commit_dir(self.store, out, rel, {**stats, "built_at": now()})
+            if not kept:
+                self.store.delete_tree(rel)
+            indexed = rows & _among(batch["doc_id"], ok["doc_id"])
+            if kept != want:
+                skipped = indexed & _among(batch["doc_id"], pa.array(sorted(want - kept)))
+                errors[skipped] = SKIPPED_BY_LUCENE
+                indexed &= ~skipped
+            piece[indexed] = rel
+        out = batch.drop_columns(["contents"])
+        out = out.set_column(out.column_names.index("error"), "error",
+                             pa.array(errors, pa.string()))
+        return out.append_column("lucene_piece", pa.array(piece, pa.string()))
+
+
+def _among(values, value_set) -> np.ndarray:
+    """Which of `values` are in `value_set` (a null is not), as a numpy mask."""
+    if isinstance(value_set, pa.ChunkedArray):
+        value_set = value_set.combine_chunks()
+    return pc.is_in(values, value_set=value_set).fill_null(False).to_numpy(zero_copy_only=False)
 
 
 def build_lucene_index(store: RunStore, cell: Cell, analyzer: str, opts) -> dict:
