@@ -365,8 +365,8 @@ def _contents(batch: pa.Table, *, fields: str, by_length: bool = False) -> pa.Ta
 # building the Lucene index from the committed shards
 
 
-SKIPPED_BY_LUCENE = ("Lucene skipped this document: nothing is left of it under Java's trim() "
-                     "(control characters only), or it holds a term over Lucene's 32,766 bytes")
+SKIPPED_BY_LUCENE = ("Anserini's IndexCollection skipped this document: for example, nothing is "
+                     "left of it under Java's trim() (control characters only)")
 
 
 class LuceneSegments:
@@ -402,9 +402,9 @@ class LuceneSegments:
             with _output_dir(self.store, rel) as out:
                 stats = index_rows(zip(ids, ok["contents"].to_pylist()), out,
                                    self.analyzers[c], **self.settings)
-                # Anserini skips, and counts apart, a document it cannot index: one empty
-                # under Java's trim() (control characters only) or with a term over Lucene's
-                # 32,766 bytes. Those are this slice's error rows; the rest is committed.
+                # IndexCollection skips, and counts apart, a document it cannot index (one
+                # that Java's trim() empties: control characters only, which Arrow's trim
+                # keeps). Those are this slice's error rows; the rest is committed.
                 want = set(ids)
                 kept = set(indexed_ids(out)) if stats["documents"] != len(ids) else want
                 if kept:
