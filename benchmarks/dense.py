@@ -106,8 +106,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="xling-bench-dense-"))
     write_inputs(tmp, docs, queries)
     args.actors = args.actors or (1 if gpu else os.cpu_count())
-    pool = {"concurrency": [args.actors, args.actors], "batch_size": 8 * args.encode_batch_size,
-            "num_gpus": 1 if gpu else 0,
+    # The stages' own call sizes (index.dense.call_size, retrieve.query_batch).
+    pool = {"concurrency": [args.actors, args.actors], "num_gpus": 1 if gpu else 0,
             # On CPU: half a core each, so that the pool's actors fit beside the pipeline's
             # read tasks; torch still runs one thread per actor (Ray's OMP_NUM_THREADS).
             "num_cpus": 1 if gpu else 0.5}

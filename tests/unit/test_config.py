@@ -48,8 +48,14 @@ def test_a_partial_parallel_keeps_its_sections_defaults(tmp_path):
     cfg = load_config(write(tmp_path, text))
     assert cfg.index.parallel.model_dump() == {"concurrency": (4, 4), "batch_size": 4096,
                                                "num_cpus": 0.5, "num_gpus": 0.0}
-    assert cfg.index.dense.parallel.model_dump() == {"concurrency": (1, 2), "batch_size": 256,
+    assert cfg.index.dense.parallel.model_dump() == {"concurrency": (1, 2), "batch_size": None,
                                                      "num_cpus": 2.0, "num_gpus": 0.0}
+    assert cfg.index.dense.call_size() == 1024  # by what the index stores, below
+    colbert = load_config(write(tmp_path, text), ["index.dense.colbert=true"])
+    assert colbert.index.dense.call_size() == 256
+    given = load_config(write(tmp_path, text), ["index.dense.colbert=true",
+                                                "index.dense.parallel.batch_size=64"])
+    assert given.index.dense.call_size() == 64
     cfg = load_config(write(tmp_path, text), ["index.parallel.batch_size=8"])
     assert (cfg.index.parallel.concurrency, cfg.index.parallel.batch_size,
             cfg.index.parallel.num_cpus) == ((4, 4), 8, 0.5)
