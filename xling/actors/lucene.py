@@ -21,6 +21,8 @@ does not depend on the order in which shards were merged either.
 
 from __future__ import annotations
 
+import contextlib
+
 import glob
 import json
 import os
@@ -214,8 +216,9 @@ def merge_indexes(shard_dirs: list[str], out_dir: str, *, optimize: bool = False
     return index_stats(out_dir)
 
 
-def indexed_ids(index_dir: str) -> list[str]:
-    """The `id` of every document in a Lucene index, in index order."""
+@contextlib.contextmanager
+def _reader(index_dir: str):
+    """A Lucene DirectoryReader over an index folder, closed on leaving."""
     start_jvm()
     from jnius import autoclass
 
@@ -225,27 +228,22 @@ def indexed_ids(index_dir: str) -> list[str]:
     d = FSDirectory.open(Paths.get(index_dir))
     reader = DirectoryReader.open(d)
     try:
-        fields = reader.storedFields()
-        return [fields.document(i).get("id") for i in range(reader.maxDoc())]
+        yield reader
     finally:
         reader.close()
         d.close()
+
+
+def indexed_ids(index_dir: str) -> list[str]:
+    """The `id` of every document in a Lucene index, in index order."""
+    with _reader(index_dir) as reader:
+        fields = reader.storedFields()
+        return [fields.document(i).get("id") for i in range(reader.maxDoc())]
 
 
 def index_stats(index_dir: str) -> dict:
-    start_jvm()
-    from jnius import autoclass
-
-    Paths = autoclass("java.nio.file.Paths")
-    FSDirectory = autoclass("org.apache.lucene.store.FSDirectory")
-    DirectoryReader = autoclass("org.apache.lucene.index.DirectoryReader")
-    d = FSDirectory.open(Paths.get(index_dir))
-    reader = DirectoryReader.open(d)
-    try:
+    with _reader(index_dir) as reader:
         return {"documents": int(reader.numDocs()), "segments": int(reader.leaves().size())}
-    finally:
-        reader.close()
-        d.close()
 
 
 # ---------------------------------------------------------------------------------------
