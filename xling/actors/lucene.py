@@ -22,7 +22,6 @@ does not depend on the order in which shards were merged either.
 from __future__ import annotations
 
 import contextlib
-
 import glob
 import json
 import os
