@@ -86,7 +86,7 @@ class BM25Index(Strict):
 
 
 class EmbedParallelism(Parallelism):
-    """The embedder pool; batch_size left out is 1,024 passages, or 256 with ColBERT vectors."""
+    """The embedder pool (batch_size left out: 1,024 passages, 256 with ColBERT vectors)"""
 
     batch_size: int | None = NoHash(
         None, gt=0, description="passages per embedder call; default 1,024, or 256 when "
