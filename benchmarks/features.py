@@ -160,7 +160,7 @@ def main() -> None:
     gpu = torch.cuda.is_available()
     device = "cuda:0" if gpu else "cpu"
     cpus = os.cpu_count() or 1
-    ray_batch = args.ray_batch or ScorerModel(model="m").parallel.batch_size  # the stage's
+    ray_batch = args.ray_batch or ScorerModel.model_fields["parallel"].default.batch_size
     # CPU: each actor gets an equal share of the cores (and as many torch threads); the bare
     # side runs with torch's default, all cores: with one actor, the same threads.
     resources = ({"num_gpus": 1 / args.actors} if gpu
