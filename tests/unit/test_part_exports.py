@@ -1,13 +1,14 @@
-"""A stage's per-part export (runner `Stage.part_export`), made by the commit task: the
-retrieve stage's TREC run is its parts' runs joined, the same bytes as the run of all the
-hits at once, and a part committed without one (an older xling) falls back to that."""
+"""A stage's per-part export and counts (runner `Stage.part_export`, `Stage.part_counts`),
+made by the commit task: the retrieve stage's TREC run is its parts' runs joined, the same
+bytes as the run of all the hits at once, its counts are the parts' summed, and a part
+committed without either (an older xling) falls back to reading the parts."""
 
 import numpy as np
 import pyarrow as pa
 
 from xling.core.runner import Cell, _commit_shard, part_files
 from xling.core.store import RunStore
-from xling.jobs.retrieve import TREC_PART, export_trec
+from xling.jobs.retrieve import TREC_PART, export_trec, hit_counts
 from xling.tasks.runs import hits_trec_bytes, trec_run_bytes
 
 
@@ -30,8 +31,9 @@ def _commit_all(store: RunStore, cell: Cell) -> list[pa.Table]:
         for i, t in enumerate(ts):
             rels.append(f"{cell.dir}/_tmp/run1/{s:05d}/p{i}.parquet")
             store.write_parquet(rels[-1], t)
-        _commit_shard(store, cell.dir, s, rels, {"rows": sum(t.num_rows for t in ts)}, None,
-                      "query_id", "run1", export=TREC_PART)
+        done = _commit_shard(store, cell.dir, s, rels, {"rows": sum(t.num_rows for t in ts)},
+                             None, "query_id", "run1", export=TREC_PART, counts=hit_counts)
+        store.write_json(f"{cell.dir}/_shards/{s:05d}.json", {"shard": s, **done})  # as _mark
     return tables
 
 
@@ -47,6 +49,9 @@ def test_the_joined_part_runs_are_the_run_of_all_hits(tmp_path):
     expected = trec_run_bytes(ok.select(["query_id", "doc_id", "rank", "score", "system"]))
     assert store.read_bytes(f"{cell.dir}/run.trec") == expected
     assert info == {"trec_run": "run.trec", "queries_with_hits": 6, "hits": ok.num_rows}
+    assert [store.read_json(f"{cell.dir}/_shards/{s:05d}.json")["stats"] for s in range(3)] == [
+        {"hits": 10, "queries_with_hits": 3}, {"hits": 6, "queries_with_hits": 3},
+        {"hits": 0, "queries_with_hits": 0}]
     assert store.list(f"{cell.dir}/_exports") == []
     assert expected.decode().splitlines()[0] == f"q1 Q0 q1-d1 1 {ok['score'][0].as_py():.6f} bm25"
 
@@ -57,8 +62,12 @@ def test_a_part_without_its_export_falls_back_to_the_whole_run(tmp_path):
     _commit_all(store, cell)
     joined = b"".join(store.read_bytes(p) for p in store.list(f"{cell.dir}/_exports"))
     store.delete(f"{cell.dir}/_exports/part-00001.trec")
-    export_trec(store, cell)
+    marker = store.read_json(f"{cell.dir}/_shards/00002.json")
+    store.write_json(f"{cell.dir}/_shards/00002.json", {k: v for k, v in marker.items()
+                                                         if k != "stats"})
+    info = export_trec(store, cell)
     assert store.read_bytes(f"{cell.dir}/run.trec") == joined
+    assert info == {"trec_run": "run.trec", "queries_with_hits": 6, "hits": 16}
     assert joined == hits_trec_bytes(store.read_parquet(part_files(store, cell.dir)))
 
 

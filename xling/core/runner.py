@@ -169,6 +169,9 @@ class Stage(ABC):
     # the pipeline runs): (suffix, part table -> bytes), kept at `_exports/part-NNNNN<suffix>`
     # for `finalize` to join (`part_exports`), e.g. the TREC run of 10 M hits.
     part_export: tuple[str, Callable[[pa.Table], bytes]] | None = None
+    # Counts made from each part by its commit task and kept in its marker (`stats`), so
+    # that `finalize` sums them (`part_stats`) instead of reading every part back.
+    part_counts: Callable[[pa.Table], dict[str, int]] | None = None
 
     @abstractmethod
     def cells(self, cfg: XlingConfig) -> list[Cell]: ...
@@ -711,7 +714,8 @@ class Runner:
                 else:  # a shard no record hashed to: nothing to stream, commit it empty
                     self._mark(stage, cell, s, _commit_shard(
                         self.store, cell.dir, s, [], {"rows": 0}, None, stage.id_column,
-                        self.run_id, export=stage.part_export), time.time())
+                        self.run_id, export=stage.part_export, counts=stage.part_counts),
+                        time.time())
         if not todo:
             return
         expected = {(i, s): inputs[cells[i].id]["shards"][str(s)] for i, s in todo}
@@ -734,7 +738,8 @@ class Runner:
             closed.add(key)
             ref = commit.remote(self.store, cells[key[0]].dir, key[1], st.pieces, expected[key],
                                 st.seen if lost_check else None, stage.id_column, self.run_id,
-                                inputs[cells[key[0]].id].get("adapt"), stage.part_export)
+                                inputs[cells[key[0]].id].get("adapt"), stage.part_export,
+                                stage.part_counts)
             committing[ref] = (key, st.started)
 
         def collect(block: bool) -> None:
@@ -962,29 +967,31 @@ TOKEN_COLUMNS = ("n_output_tokens", "n_tgt_tokens")
 
 def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
                   expected: dict, seen: set | None, id_column: str, run_id: str,
-                  adapt=None, export=None) -> dict:
+                  adapt=None, export=None, counts=None) -> dict:
     """Ray task: a shard's output pieces -> `part-NNNNN.parquet`, written under a temporary
     name and moved into place; records the stage lost become error rows. Returns what the
     shard's marker records. The stage's `part_export` is written before the part moves into
-    place, so a committed part always has its export."""
+    place, so a committed part always has its export, and its marker the stage's
+    `part_counts`."""
     name = f"part-{shard:05d}.parquet"
     final = f"{cell_dir}/{name}"
     if pieces and not all(store.exists(p) for p in pieces) and store.exists(final):
         # A retry of this task after it moved the pieces (its node died before it returned):
         # no other task writes this shard's part in this run, so the part is its work.
-        table = store.read_parquet(final, columns=None if export else [ERROR])
+        table = store.read_parquet(final, columns=None if export or counts else [ERROR])
         _write_export(store, cell_dir, shard, export, table)
         errors = int(table.num_rows - pc.sum(pc.is_null(table[ERROR])).as_py())
         return {"file": name, "rows": table.num_rows, "errors": errors,
                 "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
-                "lost_records": 0, "pieces": len(pieces), "host": socket.gethostname()}
+                "lost_records": 0, "pieces": len(pieces), "host": socket.gethostname(),
+                **({"stats": counts(table)} if counts else {})}
     lost: list[str] = []
     if seen is not None and len(seen) < expected["rows"]:
         rows = store.read_parquet(expected["files"])
         ids = (rows if RID in rows.column_names or adapt is None else adapt(rows))[RID]
         lost = [r for r, h in zip(ids.to_pylist(), rid_hashes(ids)) if int(h) not in seen]
     if len(pieces) == 1 and not lost:
-        table = store.read_parquet(pieces[0], columns=None if export else [ERROR])
+        table = store.read_parquet(pieces[0], columns=None if export or counts else [ERROR])
         _write_export(store, cell_dir, shard, export, table)
         store.move(pieces[0], final)
     else:
@@ -1003,7 +1010,8 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
     errors = int(table.num_rows - pc.sum(pc.is_null(table[ERROR])).as_py()) if table.num_rows else 0
     return {"file": name, "rows": table.num_rows, "errors": errors,
             "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
-            "lost_records": len(lost), "pieces": len(pieces), "host": socket.gethostname()}
+            "lost_records": len(lost), "pieces": len(pieces), "host": socket.gethostname(),
+            **({"stats": counts(table)} if counts else {})}
 
 
 def _read_blocks(files: int, info: dict, shards: list[int], block_rows: int | None) -> int | None:
@@ -1085,6 +1093,16 @@ def part_files(store: RunStore, rel_dir: str) -> list[str]:
     parent = rel_dir.strip("/")
     return sorted(f for f in store.list(rel_dir) if f.rsplit("/", 1)[0] == parent and
                   re.fullmatch(r"part-\d+\.parquet", f.rsplit("/", 1)[-1]))
+
+
+def part_stats(store: RunStore, rel_dir: str) -> dict[str, int] | None:
+    """The stage's `part_counts` of a cell, summed over its committed parts; None where a
+    part's marker has none (committed by an xling that made none)."""
+    markers = committed_shards(store, rel_dir).values()
+    if not markers or not all("stats" in m for m in markers):
+        return None
+    keys = {k for m in markers for k in m["stats"]}
+    return {k: sum(m["stats"].get(k, 0) for m in markers) for k in sorted(keys)}
 
 
 def committed_shards(store: RunStore, rel_dir: str) -> dict[int, dict]:

@@ -52,7 +52,7 @@ from xling.core.engines import spec_classes
 from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, read_cell
 from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
 from xling.core.store import RunStore
-from xling.jobs.retrieve import TREC_PART
+from xling.jobs.retrieve import TREC_PART, hit_counts
 from xling.tasks.rerank import (PASSAGE_PREFIX, Candidates, fit_listwise, listwise_rerank,
                                 pairwise_prompt, pairwise_rerank, parse_choice,
                                 parse_passage_token)
@@ -274,6 +274,7 @@ class RerankStage(Stage):
     name = "rerank"
     id_column = "query_id"
     part_export = TREC_PART
+    part_counts = staticmethod(hit_counts)
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return rerank_cells(cfg)

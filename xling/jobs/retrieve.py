@@ -31,7 +31,7 @@ from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.pools import LIGHT_CPUS, pool_args
 from xling.core.runner import (RID, Cell, Stage, StageFailed, part_exports, part_files,
-                               require_done)
+                               part_stats, require_done)
 from xling.core.sources import TopicSpec, read_queries, spec_files
 from xling.core.store import RunStore
 from xling.jobs.index import INDEX_DIR, LUCENE_MARKER, find_index
@@ -221,10 +221,25 @@ def _qt_cell(cfg: XlingConfig, ts: TopicSet, ql: str, dl: str) -> Cell:
 TREC_PART = (".trec", hits_trec_bytes)  # each part's TREC run, made by its commit task
 
 
+def hit_counts(table: pa.Table) -> dict[str, int]:
+    """A part's hits (rows with a document and no error) and the queries they answer; a
+    query's hits are all in one part, so the sums over the parts are the cell's."""
+    if not table.num_rows or "doc_id" not in table.column_names:
+        return {"hits": 0, "queries_with_hits": 0}
+    ok = pc.is_valid(table["doc_id"])
+    if "error" in table.column_names:
+        ok = pc.and_(ok, pc.is_null(table["error"]))
+    hits = pc.sum(ok).as_py() or 0
+    queries = pc.count_distinct(table["query_id"] if hits == table.num_rows
+                                else table["query_id"].filter(ok)).as_py() if hits else 0
+    return {"hits": int(hits), "queries_with_hits": int(queries)}
+
+
 class RetrieveStage(Stage):
     name = "retrieve"
     id_column = "query_id"
     part_export = TREC_PART
+    part_counts = staticmethod(hit_counts)
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return run_cells(cfg)
@@ -355,15 +370,15 @@ def export_trec(store: RunStore, cell: Cell) -> dict:
     """Write the cell's hits as a TREC run file (`run.trec`), the format other tools read:
     the parts' runs, each formatted as its part was committed (`TREC_PART`), joined. A
     query's hits are all in one part, so the join is the run of all the parts at once."""
-    files = part_files(store, cell.dir)
     data = part_exports(store, cell.dir, cell.n_shards, TREC_PART[0])
-    cols = None if data is None else ["query_id", "doc_id", "error"]
-    table = store.read_parquet(files, columns=cols) if files else HITS.empty_table()
-    ok = table.filter(pc.and_(pc.is_null(table["error"]), pc.is_valid(table["doc_id"])))
-    store.write_bytes(f"{cell.dir}/run.trec", hits_trec_bytes(table) if data is None else data)
+    counts = part_stats(store, cell.dir)
+    if data is None or counts is None:  # parts committed by an xling that made neither
+        files = part_files(store, cell.dir)
+        table = store.read_parquet(files) if files else HITS.empty_table()
+        data, counts = hits_trec_bytes(table), hit_counts(table)
+    store.write_bytes(f"{cell.dir}/run.trec", data)
     store.delete_tree(f"{cell.dir}/_exports")
-    queries = pc.count_distinct(ok["query_id"]).as_py() if ok.num_rows else 0
-    return {"trec_run": "run.trec", "queries_with_hits": queries, "hits": ok.num_rows}
+    return {"trec_run": "run.trec", **counts}
 
 
 def _translated_queries(batch: pa.Table) -> pa.Table:
@@ -404,17 +419,25 @@ def _route(batch: pa.Table, *, mode: str, doc_lang: str, located: dict) -> pa.Ta
 
 
 def _with_weights(batch: pa.Table, *, weights: dict) -> pa.Table:
-    cells = batch["_cell"].to_pylist()
-    cols = {k: [float(weights[c].get(k, 0.0)) for c in cells] for k in ("dense", "sparse", "colbert")}
-    for k, v in cols.items():
-        batch = batch.append_column(f"w_{k}", pa.array(v, pa.float64()))
+    for k in ("dense", "sparse", "colbert"):
+        batch = batch.append_column(f"w_{k}", _per_cell(batch, {c: float(w.get(k, 0.0))
+                                                                for c, w in weights.items()},
+                                                        pa.float64()))
     return batch
 
 
 def _label(batch: pa.Table, *, systems: dict) -> pa.Table:
-    system = pa.array([systems[c] for c in batch["_cell"].to_pylist()], pa.string())
     drop = [c for c in batch.column_names if c.startswith("w_")]
-    return batch.drop_columns(drop).append_column("system", system)
+    return batch.drop_columns(drop).append_column("system",
+                                                  _per_cell(batch, systems, pa.string()))
+
+
+def _per_cell(batch: pa.Table, values: dict, type_: pa.DataType) -> pa.ChunkedArray:
+    """Each row's value from its cell, looked up once per distinct cell (a dense batch's
+    hits are 100 rows a query)."""
+    cells = pc.unique(batch["_cell"])
+    return pc.take(pa.array([values[c] for c in cells.to_pylist()], type_),
+                   pc.index_in(batch["_cell"], value_set=cells))
 
 
 class StoreBM25Searcher:
@@ -458,6 +481,7 @@ class FusionStage(Stage):
     name = "retrieve"
     id_column = "query_id"
     part_export = TREC_PART
+    part_counts = staticmethod(hit_counts)
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return fusion_cells(cfg)

@@ -46,7 +46,8 @@ def as_hits(table: pa.Table) -> pa.Table:
     if missing:
         raise ValueError(f"a hits table needs the columns {list(HITS_COLUMNS)}; "
                          f"missing {missing}")
-    return table.select(list(HITS_COLUMNS)).cast(HITS_SCHEMA)
+    table = table.select(list(HITS_COLUMNS))
+    return table if table.schema.equals(HITS_SCHEMA) else table.cast(HITS_SCHEMA)
 
 
 def hits_table(hits: Mapping | Iterable[Mapping[str, Any]], system: str | None = None
@@ -213,10 +214,13 @@ def hits_trec_bytes(table: pa.Table) -> bytes:
     hits (no doc_id) are left out."""
     if not table.num_rows or "doc_id" not in table.column_names:
         return b""
-    if "error" in table.column_names:
-        table = table.filter(pc.is_null(table["error"]))
-    table = table.filter(pc.is_valid(table["doc_id"]))
-    return trec_run_bytes(table.select(["query_id", "doc_id", "rank", "score", "system"]))
+    hits = table.select(["query_id", "doc_id", "rank", "score", "system"])
+    # Filtering copies every column, so only where some row is left out.
+    if "error" in table.column_names and table["error"].null_count < table.num_rows:
+        hits = hits.filter(pc.is_null(table["error"]))
+    if hits["doc_id"].null_count:
+        hits = hits.filter(pc.is_valid(hits["doc_id"]))
+    return trec_run_bytes(hits)
 
 
 # Rows formatted per Arrow call: each call's lines stay far below a string array's 2 GiB.
@@ -237,7 +241,10 @@ def trec_run_bytes(table: pa.Table) -> bytes:
     # Dictionary codes follow first appearance, which is the query order to keep.
     qorder = pc.dictionary_encode(t["query_id"].chunk(0)).indices.to_numpy()
     rank = t["rank"].to_numpy()
-    t = t.take(np.lexsort((np.arange(t.num_rows), rank, qorder)))
+    step = np.diff(qorder)
+    # Stages commit each query's hits together and in rank order: then there is nothing to sort.
+    if not ((step >= 0).all() and ((step > 0) | (np.diff(rank) > 0)).all()):
+        t = t.take(np.lexsort((np.arange(t.num_rows), rank, qorder)))
     out = []
     for at in range(0, t.num_rows, _TREC_CHUNK):
         c = t.slice(at, _TREC_CHUNK).combine_chunks()
@@ -276,10 +283,8 @@ def _scores_6f(x: np.ndarray) -> pa.Array:
     sign = pa.array(np.where(np.signbit(x), "-", ""))
     text = pc.binary_join_element_wise(sign, whole, ".", frac, "")
     if slow.any():
-        values = text.to_pylist()
-        for i in np.flatnonzero(slow):
-            values[i] = f"{x[i]:.6f}"
-        text = pa.array(values, pa.string())
+        text = pc.replace_with_mask(text, pa.array(slow),
+                                    pa.array([f"{v:.6f}" for v in x[slow]], pa.string()))
     return text
 
 
