@@ -150,11 +150,13 @@ def main() -> None:
 
     import ray
     import ray.data
+
     import torch
 
     from xling.actors.cross_encoder import CrossEncoderScorer
     from xling.actors.nli import NLIScorer
     from xling.core.models import resolve_model
+    from xling.core.runtime import start_local_ray
     from xling.jobs.features import ScorerModel
 
     gpu = torch.cuda.is_available()
@@ -177,7 +179,7 @@ def main() -> None:
           f"ray batch {ray_batch}, device {device}, torch threads bare "
           f"{torch.get_num_threads()}, xling {args.actors} actor(s) x {resources}")
 
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+    start_local_ray(cpus, logging_level=logging.WARNING)
     ray.data.DataContext.get_current().enable_progress_bars = False
 
     if "nli" in features:

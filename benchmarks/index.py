@@ -77,17 +77,18 @@ def write_inputs(tmp: Path, docs: list[str], queries: list[str]) -> None:
 
 
 def run_xling(cfg, index_stage, index_actor: tuple[str, int], search_actor: tuple[str, int],
-              search: bool = True, **ray_init) -> tuple[dict, dict | None, int]:
-    """Run the `index` then the `retrieve` stage on a fresh local Ray: their rates
+              search: bool = True, num_cpus: int | None = None) -> tuple[dict, dict | None, int]:
+    """Run the `index` then the `retrieve` stage on a fresh local Ray, started as xling
+    starts one (`start_local_ray`, with `num_cpus`): their rates
     (benchmarks/common.py), and the number of hits the retrieve cell committed."""
-    import ray
-
-    from xling.jobs.retrieve import RetrieveStage
-    from xling.core.runner import Runner
-    from xling.core.store import RunStore
-
-    ray.init(include_dashboard=False, logging_level=logging.WARNING, **ray_init)
     import ray.data
+
+    from xling.core.runner import Runner
+    from xling.core.runtime import start_local_ray
+    from xling.core.store import RunStore
+    from xling.jobs.retrieve import RetrieveStage
+
+    start_local_ray(num_cpus, logging_level=logging.WARNING)
 
     ray.data.DataContext.get_current().enable_progress_bars = False
     store = RunStore(cfg.run_root)

@@ -86,12 +86,14 @@ def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int) -
     import ray
     import ray.data
 
+
     from xling.config import validate_config
     from xling.jobs.ingest import IngestStage
     from xling.core.runner import Runner
+    from xling.core.runtime import start_local_ray
     from xling.core.store import RunStore
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    start_local_ray(2, logging_level=logging.WARNING)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars, ctx.print_on_execution_start = False, False
     run_root = tempfile.mkdtemp(prefix="xling-bench-")

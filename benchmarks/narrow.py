@@ -96,12 +96,14 @@ def main() -> None:
 
     import ray
     import ray.data
+
     import torch
 
     from xling.actors.embedder import M3Embedder
     from xling.config import validate_config
     from xling.core.models import resolve_model
     from xling.core.runner import Runner
+    from xling.core.runtime import start_local_ray
     from xling.core.store import RunStore
     from xling.jobs.narrow import NarrowStage
     from xling.studies.registry import get_study
@@ -162,8 +164,7 @@ def main() -> None:
                                 "num_cpus": 1 if gpu else cpus}}})
     # One logical CPU more than the cores: the slot the light read and commit tasks take
     # beside the actor (they use a few percent of a core).
-    ray.init(num_cpus=cpus + (0 if gpu else 1), include_dashboard=False,
-             logging_level=logging.WARNING)
+    start_local_ray(cpus + (0 if gpu else 1), logging_level=logging.WARNING)
     ray.data.DataContext.get_current().enable_progress_bars = False
     store = RunStore(cfg.run_root)
     runner = Runner(store, progress=False, log=lambda *_: None)

@@ -166,15 +166,17 @@ def main() -> None:
 
     from xling.actors.segments import padding_efficiency, token_batches
     from xling.core.models import resolve_model
+    from xling.core.runtime import start_local_ray
 
     model = resolve_model(a.model)
     pairs = real_sentences(a.sentences, model)
     import ray
     import ray.data
 
+
     with tempfile.TemporaryDirectory() as d:
         b = bare(model, [s for _, s in pairs], a)
-        ray.init(num_cpus=a.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+        start_local_ray(a.num_cpus, logging_level=logging.WARNING)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars, ctx.print_on_execution_start = False, False
         x = xling_stage(model, write_corpus(Path(d) / "all.jsonl", pairs), a)

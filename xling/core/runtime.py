@@ -3,12 +3,14 @@ slow local start.
 
     init_ray(cfg, address, level)   join a cluster (`--address`, $RAY_ADDRESS, `ray.address`)
                                     or start a local Ray with `ray.num_cpus`
+    start_local_ray(num_cpus, **kw) the local node as init_ray starts it (benchmarks too)
     patient_node_lookup()           give a new raylet more than Ray's fixed 30 s to register
     worker_reuse(num_cpus)          the raylet settings that keep idle workers for reuse
 
 A local Ray that still times out starting is retried once with a fresh node. Everything
 that starts Ray for xling goes through here: the pipeline (xling/pipeline.py), the local
-multi-node cluster (dev/localcluster.py) and the test fixtures.
+multi-node cluster (dev/localcluster.py), the test fixtures and the benchmarks, so that
+a benchmark times xling on the Ray its users get.
 """
 
 from __future__ import annotations
@@ -46,20 +48,7 @@ def init_ray(cfg: XlingConfig, address: str | None, level: int = logging.WARNING
         ray.init(address=address, **kw)
     else:
         os.environ[ENV] = level_name(level)  # the local raylet and its workers inherit it
-        patient_node_lookup()  # a loaded machine may need more than Ray's fixed 30 s
-        for attempt in (1, 2):
-            try:
-                ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False,
-                         _system_config=worker_reuse(cfg.ray.num_cpus), **kw)
-                break
-            except Exception as e:  # noqa: BLE001 - only Ray's start-up timeout is retried
-                if attempt == 2 or "timed out during startup" not in str(e):
-                    raise
-                # Seen on 2 overloaded cores: the GCS answers no lookup for minutes. A fresh
-                # local node (new session, new ports) usually starts.
-                logging.getLogger("xling").warning(
-                    "the local Ray node did not start in time; starting a new one")
-                ray.shutdown()
+        start_local_ray(cfg.ray.num_cpus, **kw)
     import ray.data
 
     if quiet:
@@ -70,6 +59,28 @@ def init_ray(cfg: XlingConfig, address: str | None, level: int = logging.WARNING
     ctx.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(max(level, logging.WARNING) if level > logging.DEBUG
                                            else level)
+
+
+def start_local_ray(num_cpus: int | None, **kw) -> None:
+    """`ray.init` of a local node with xling's settings: no dashboard, idle workers kept for
+    reuse (`worker_reuse`), a patient node lookup, and one retry on a start-up timeout. `kw`
+    goes to `ray.init` (logging)."""
+    import ray
+
+    patient_node_lookup()  # a loaded machine may need more than Ray's fixed 30 s
+    for attempt in (1, 2):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False,
+                     _system_config=worker_reuse(num_cpus), **kw)
+            return
+        except Exception as e:  # noqa: BLE001 - only Ray's start-up timeout is retried
+            if attempt == 2 or "timed out during startup" not in str(e):
+                raise
+            # Seen on 2 overloaded cores: the GCS answers no lookup for minutes. A fresh
+            # local node (new session, new ports) usually starts.
+            logging.getLogger("xling").warning(
+                "the local Ray node did not start in time; starting a new one")
+            ray.shutdown()
 
 
 # How long an idle worker above the node's soft limit lives, and the soft limit per CPU.
