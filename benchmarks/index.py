@@ -61,16 +61,14 @@ def texts(n: int, lo: int, hi: int, vocab: list[str], seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     ranks = np.minimum(rng.zipf(1.3, size=n * hi), len(vocab)) - 1
     lengths = rng.integers(lo, hi + 1, size=n)
-    out, pos = [], 0
-    for length in lengths:
-        out.append(" ".join(vocab[r] for r in ranks[pos:pos + length]))
-        pos += length
-    return out
+    words = np.array(vocab, dtype=object)[ranks[:int(lengths.sum())]].tolist()
+    ends = np.cumsum(lengths).tolist()
+    return [" ".join(words[end - length:end]) for end, length in zip(ends, lengths.tolist())]
 
 
 def write_inputs(tmp: Path, docs: list[str], queries: list[str]) -> None:
     """The xling side's inputs: docs as Mr.TyDi JSONL (`d<i>`), queries as TSV (`q<i>`)."""
-    with gzip.open(tmp / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
+    with gzip.open(tmp / "corpus.jsonl.gz", "wt", encoding="utf-8", compresslevel=1) as f:
         for i, text in enumerate(docs):
             f.write(json.dumps({"docid": f"d{i}", "title": "", "text": text}) + "\n")
     (tmp / "topics.tsv").write_text("".join(f"q{i}\t{t}\n" for i, t in enumerate(queries)))
