@@ -3,9 +3,8 @@
 Paths are local globs or `s3://bucket/prefix/glob` (reached with the same AWS_* variables as
 the run store). Each file is one read task that streams it through the parsers in
 `tasks/corpora.py` and `tasks/topics.py` and yields blocks of `BLOCK_ROWS` rows, so a file
-of any size is never held in memory and a corpus of many files is read in parallel. A
-JSON-lines corpus file's task only cuts it into lines, and tasks after it parse them, so
-one big file is parsed in parallel too. `.gz` files are decompressed on the fly.
+of any size is never held in memory and a corpus of many files is read in parallel.
+`.gz` files are decompressed on the fly.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import ConfigError, Strict, check_lang
-from xling.core.pools import LIGHT_CPUS
 from xling.core.runner import RID, Source
 from xling.core.store import RunStore
 from xling.studies.registry import DOCUMENT_FORMATS, get_study
@@ -242,53 +240,9 @@ def queries_source(spec: TopicSpec, lang: str, files: list[str], adapt=None) -> 
 
 def read_documents(spec: CorpusSpec, lang: str, files: list[str]):
     """A Ray Dataset of documents rows (DOCUMENTS schema + `_rid` = doc_id)."""
-    dump = spec.model_dump()
-    if dump["format"] in ("clef", "parquet") or dump["format"] in DOCUMENT_FORMATS:
-        fn = functools.partial(_read_document_files, spec=dump, lang=lang)
-        ds = _file_dataset(files).map_batches(fn, batch_size=1, batch_format="pyarrow")
-        return ds.map_batches(_with_rid, fn_kwargs={"column": "doc_id"}, batch_format="pyarrow")
-    # JSON lines: a file's read task only decompresses it and cuts it into lines, and the
-    # parsing (JSON, rows, Arrow: ~10 µs a document) runs in the tasks after it, in parallel
-    # even for one big file. Their resources differ, so Ray Data does not fuse the two; the
-    # parse fuses with what follows (the partition's shard writes).
-    lines = _file_dataset(files).map_batches(_read_lines, batch_size=1, batch_format="pyarrow",
-                                             num_cpus=LIGHT_CPUS)
-    return lines.map_batches(functools.partial(_parse_document_lines, spec=dump, lang=lang),
-                             batch_size=None, batch_format="pyarrow")
-
-
-LINE_BLOCK = 8192  # lines a read task yields at a time (Ray Data bundles them into blocks)
-
-
-def _read_lines(batch: pa.Table):
-    """Files -> numbered raw lines (`line_no`: 1-based, in its file; `line`)."""
-    from xling.tasks.textio import iter_lines
-
-    for path in batch["path"].to_pylist():
-        with _open(path) as f:
-            n, buf = 0, []
-            for n, raw in enumerate(iter_lines(f), 1):
-                buf.append(raw)
-                if len(buf) == LINE_BLOCK:
-                    yield _numbered(buf, n)
-                    buf = []
-            if buf:
-                yield _numbered(buf, n)
-
-
-def _numbered(lines: list[bytes], last: int) -> pa.Table:
-    return pa.table({"line_no": pa.array(range(last - len(lines) + 1, last + 1), pa.int64()),
-                     "line": pa.array(lines, pa.binary())})
-
-
-def _parse_document_lines(batch: pa.Table, *, spec: dict, lang: str) -> pa.Table:
-    from xling.tasks.corpora import parse_document_lines
-
-    rows = parse_document_lines(
-        zip(batch["line_no"].to_pylist(), batch["line"].to_pylist()), fmt=spec["format"],
-        lang=lang, source=spec["name"], encoding=spec["encoding"],
-        **{k: spec[k] for k in ("id_field", "title_field", "text_field")})
-    return _with_rid(_table(list(rows), DOCUMENTS), column="doc_id")
+    fn = functools.partial(_read_document_files, spec=spec.model_dump(), lang=lang)
+    ds = _file_dataset(files).map_batches(fn, batch_size=1, batch_format="pyarrow")
+    return ds.map_batches(_with_rid, fn_kwargs={"column": "doc_id"}, batch_format="pyarrow")
 
 
 def read_queries(spec: TopicSpec, lang: str, files: list[str]):
