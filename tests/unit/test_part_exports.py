@@ -8,8 +8,8 @@ import pyarrow as pa
 
 from xling.core.runner import Cell, _commit_shard, part_files
 from xling.core.store import RunStore
-from xling.jobs.retrieve import TREC_PART, export_trec, hit_counts
-from xling.tasks.runs import hits_trec_bytes, trec_run_bytes
+from xling.jobs.retrieve import TREC_PART, export_trec
+from xling.tasks.runs import hit_counts, hits_trec_bytes, trec_run_bytes
 
 
 def _hits(queries: list[str], depth: int, seed: int) -> pa.Table:

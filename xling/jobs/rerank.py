@@ -52,10 +52,11 @@ from xling.core.engines import spec_classes
 from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, read_cell
 from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
 from xling.core.store import RunStore
-from xling.jobs.retrieve import TREC_PART, hit_counts
+from xling.jobs.retrieve import TREC_PART
 from xling.tasks.rerank import (PASSAGE_PREFIX, Candidates, fit_listwise, listwise_rerank,
                                 pairwise_prompt, pairwise_rerank, parse_choice,
                                 parse_passage_token)
+from xling.tasks.runs import hit_counts
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig

@@ -36,7 +36,7 @@ from xling.core.sources import TopicSpec, read_queries, spec_files
 from xling.core.store import RunStore
 from xling.jobs.index import INDEX_DIR, LUCENE_MARKER, find_index
 from xling.jobs.translate import translate_cell
-from xling.tasks.runs import hits_trec_bytes
+from xling.tasks.runs import hit_counts, hits_trec_bytes
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -219,20 +219,6 @@ def _qt_cell(cfg: XlingConfig, ts: TopicSet, ql: str, dl: str) -> Cell:
 
 
 TREC_PART = (".trec", hits_trec_bytes)  # each part's TREC run, made by its commit task
-
-
-def hit_counts(table: pa.Table) -> dict[str, int]:
-    """A part's hits (rows with a document and no error) and the queries they answer; a
-    query's hits are all in one part, so the sums over the parts are the cell's."""
-    if not table.num_rows or "doc_id" not in table.column_names:
-        return {"hits": 0, "queries_with_hits": 0}
-    ok = pc.is_valid(table["doc_id"])
-    if "error" in table.column_names:
-        ok = pc.and_(ok, pc.is_null(table["error"]))
-    hits = pc.sum(ok).as_py() or 0
-    queries = pc.count_distinct(table["query_id"] if hits == table.num_rows
-                                else table["query_id"].filter(ok)).as_py() if hits else 0
-    return {"hits": int(hits), "queries_with_hits": int(queries)}
 
 
 class RetrieveStage(Stage):

@@ -215,12 +215,29 @@ def hits_trec_bytes(table: pa.Table) -> bytes:
     if not table.num_rows or "doc_id" not in table.column_names:
         return b""
     hits = table.select(["query_id", "doc_id", "rank", "score", "system"])
-    # Filtering copies every column, so only where some row is left out.
-    if "error" in table.column_names and table["error"].null_count < table.num_rows:
-        hits = hits.filter(pc.is_null(table["error"]))
-    if hits["doc_id"].null_count:
-        hits = hits.filter(pc.is_valid(hits["doc_id"]))
-    return trec_run_bytes(hits)
+    keep = hit_mask(table)  # filtering copies every column, so only where a row is left out
+    return trec_run_bytes(hits if keep is None else hits.filter(keep))
+
+
+def hit_counts(table: pa.Table) -> dict[str, int]:
+    """The hits of committed hit rows (those `hits_trec_bytes` writes) and the queries they
+    answer. A query's hits are all in one part, so the sums over a cell's parts are the
+    cell's (the stages' `part_counts`)."""
+    if not table.num_rows or "doc_id" not in table.column_names:
+        return {"hits": 0, "queries_with_hits": 0}
+    keep = hit_mask(table)
+    queries = table["query_id"] if keep is None else table["query_id"].filter(keep)
+    return {"hits": len(queries),
+            "queries_with_hits": int(pc.count_distinct(queries).as_py()) if len(queries) else 0}
+
+
+def hit_mask(table: pa.Table) -> pa.Array | None:
+    """Which committed hit rows are hits (a document, no error), or None where all are."""
+    errors = "error" in table.column_names and table["error"].null_count < table.num_rows
+    if not errors and not table["doc_id"].null_count:
+        return None
+    keep = pc.is_valid(table["doc_id"])
+    return pc.and_(keep, pc.is_null(table["error"])) if "error" in table.column_names else keep
 
 
 # Rows formatted per Arrow call: each call's lines stay far below a string array's 2 GiB.
