@@ -148,9 +148,7 @@ def main() -> None:
     if not features or features - {"nli", "reranker"}:
         ap.error("--features: nli, reranker or both")
 
-    import ray
     import ray.data
-
     import torch
 
     from xling.actors.cross_encoder import CrossEncoderScorer

@@ -83,9 +83,7 @@ def bare(path: Path, tokenizer_dir: str, processes: int, batch_size: int) -> dic
 
 
 def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int) -> dict:
-    import ray
     import ray.data
-
 
     from xling.config import validate_config
     from xling.jobs.ingest import IngestStage

@@ -94,9 +94,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=4)
     args = ap.parse_args()
 
-    import ray
     import ray.data
-
     import torch
 
     from xling.actors.embedder import M3Embedder

@@ -170,9 +170,7 @@ def main() -> None:
 
     model = resolve_model(a.model)
     pairs = real_sentences(a.sentences, model)
-    import ray
     import ray.data
-
 
     with tempfile.TemporaryDirectory() as d:
         b = bare(model, [s for _, s in pairs], a)
