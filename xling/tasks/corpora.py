@@ -42,6 +42,9 @@ DATE_FIELDS = {"neuclir": "time"}
 
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def bad_line_id(line: str) -> str:
     return "bad-line:" + hashlib.sha1(line.encode("utf-8", "replace")).hexdigest()[:16]
 
@@ -67,6 +70,16 @@ def parse_document_line(line: str, *, fmt: str, lang: str, source: str,
                                title_field=title_field, text_field=text_field)
     if row["doc_id"] is None:
         row["doc_id"] = bad_line_id(line)
+    if _SURROGATE_ESCAPE.search(line):
+        # json.loads turns an unpaired \ud800-\udfff escape into a str that no UTF-8 (and
+        # no Arrow column) can hold.
+        for field in ("doc_id", "title", "text", "date"):
+            try:
+                (row[field] or "").encode("utf-8")
+            except UnicodeEncodeError:
+                doc_id = bad_line_id(line) if field == "doc_id" else row["doc_id"]
+                return _error_row(doc_id, lang, source, f"{field} holds an unpaired surrogate "
+                                  "escape (\\ud800-\\udfff), which is not Unicode text")
     return row
 
 
@@ -122,16 +135,24 @@ def iter_documents(stream: BinaryIO, *, fmt: str, lang: str, source: str, encodi
     if fmt not in FIELDS and fmt != "jsonl":
         raise ValueError(f"unknown document format {fmt!r}")
     for n, raw in enumerate(iter_lines(stream), 1):
-        try:
-            line = raw.decode("latin-1" if encoding == "latin-1" else "utf-8")
-        except UnicodeDecodeError as e:
-            yield _error_row(bad_line_id(raw.decode("utf-8", "replace")), lang, source,
-                             f"invalid UTF-8 at byte {e.start} of line {n}")
-            continue
-        row = parse_document_line(line, fmt=fmt, lang=lang, source=source, id_field=id_field,
-                                  title_field=title_field, text_field=text_field)
+        row = line_row(raw, n, encoding=encoding, fmt=fmt, lang=lang, source=source,
+                       id_field=id_field, title_field=title_field, text_field=text_field)
         if row is not None:
             yield row
+
+
+def line_row(raw: bytes, n: int, *, encoding: str, fmt: str, lang: str, source: str,
+             id_field: str = "docid", title_field: str | None = "title",
+             text_field: str = "text") -> dict[str, Any] | None:
+    """Line `n` (from 1) of a JSON-lines file, undecoded and without its newline -> a
+    documents row, or None for a blank line."""
+    try:
+        line = raw.decode("latin-1" if encoding == "latin-1" else "utf-8")
+    except UnicodeDecodeError as e:
+        return _error_row(bad_line_id(raw.decode("utf-8", "replace")), lang, source,
+                          f"invalid UTF-8 at byte {e.start} of line {n}")
+    return parse_document_line(line, fmt=fmt, lang=lang, source=source, id_field=id_field,
+                               title_field=title_field, text_field=text_field)
 
 
 def iter_parquet_documents(source, *, lang: str, source_name: str, id_field: str = "docid",
