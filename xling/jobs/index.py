@@ -417,7 +417,7 @@ class LuceneSegments:
             rel = f"{self.dirs[c]}/lucene/pieces/{s:05d}/{uuid.uuid4().hex}"
             ids = ok["doc_id"].to_pylist()
             with _output_dir(self.store, rel) as out:
-                stats = index_rows(zip(ids, ok["contents"].to_pylist()), out,
+                stats = index_rows((ok["doc_id"], ok["contents"]), out,
                                    self.analyzers[c], **self.settings)
                 # IndexCollection skips, and counts apart, a document it cannot index (one
                 # that Java's trim() empties: control characters only, which Arrow's trim
