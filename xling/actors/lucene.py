@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import sys
 import tempfile
