@@ -225,6 +225,15 @@ def test_embedder_columns_are_flagembedding_outputs(embedder, corpus):
         np.testing.assert_allclose(ours, theirs, atol=1e-6)
 
 
+def test_no_flagembedding_progress_bars(embedder, capfd):
+    # From 256 texts a call, FlagEmbedding draws bars that Ray would forward from every actor.
+    out = embedder(_table([f"t{i}" for i in range(300)], [f"text {i}" for i in range(300)]))
+    assert out["error"].null_count == 300
+    captured = capfd.readouterr()
+    assert "Inference Embeddings" not in captured.err + captured.out
+    assert "pre tokenize" not in captured.err + captured.out
+
+
 def test_empty_texts_are_error_rows(embedder):
     texts = ["Water boils at one hundred degrees.", "", "  \n\t ", None,
              "Der Zug fährt jede Stunde.", "Amsterdam is a city.", "水は沸騰する。"]

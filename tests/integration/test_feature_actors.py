@@ -239,6 +239,14 @@ def test_reranker_equals_flag_reranker(reranker, reranker_direct):
     np.testing.assert_allclose(reranker_direct[1], reranker_direct[4], rtol=0, atol=1e-4)
 
 
+def test_reranker_draws_no_progress_bars(reranker, capfd):
+    scores = reranker._score([("q", f"passage {i}") for i in range(300)])
+    assert len(scores) == 300
+    captured = capfd.readouterr()
+    assert "Compute Scores" not in captured.err + captured.out
+    assert "pre tokenize" not in captured.err + captured.out
+
+
 def test_reranker_empty_rows_become_errors(reranker, reranker_direct):
     df = pa.table({"query": [PREMISES[0], "", None, PREMISES[3]],
                    "passage": [HYPOTHESES[0], HYPOTHESES[1], HYPOTHESES[2], " \n"]}).to_pandas()

@@ -46,6 +46,8 @@ class CrossEncoderScorer(PairScorer):
         import torch
         from FlagEmbedding import FlagReranker
 
+        from xling.actors.embedder import silence_flagembedding_bars
+
         if device is None:
             device = "cuda:0" if torch.cuda.is_available() else "cpu"
         note = None
@@ -53,6 +55,7 @@ class CrossEncoderScorer(PairScorer):
             note = f"use_fp16 ignored: half precision is only used on CUDA, not on {device}"
             log.warning("CrossEncoderScorer: %s", note)
             use_fp16 = False
+        silence_flagembedding_bars()
         self.model = FlagReranker(model, use_fp16=use_fp16, devices=[device],
                                   batch_size=batch_size, max_length=max_length, normalize=False)
         # FlagReranker moves (and halves) the weights on the first compute_score(); doing it

@@ -203,6 +203,30 @@ class EmbedBatches:
         return self.embedder(batch)
 
 
+def silence_flagembedding_bars() -> None:
+    """FlagEmbedding draws a tqdm bar per call of 256 texts or more ("pre tokenize",
+    "Inference Embeddings", "Compute Scores"), forcing `disable=` itself. Inside a Ray actor
+    each bar becomes log lines that Ray forwards to the driver's console (191 of them in a
+    dense search of 200k queries), beside xling's own progress: its modules get bars that
+    are always off."""
+    import functools
+    import sys
+
+    import tqdm
+
+    def off(bar):
+        @functools.wraps(bar)
+        def quiet(*args, **kwargs):
+            return bar(*args, **{**kwargs, "disable": True})
+        return quiet
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("FlagEmbedding.") and module is not None:
+            for attr, bar in (("tqdm", tqdm.tqdm), ("trange", tqdm.trange)):
+                if getattr(module, attr, None) is bar:
+                    setattr(module, attr, off(bar))
+
+
 class M3Embedder(_Settings):
     """BGE-M3 for `map_batches`: dense (default), sparse and ColBERT outputs.
 
@@ -238,6 +262,7 @@ class M3Embedder(_Settings):
             note = f"use_fp16 ignored: half precision is only used on CUDA, not on {device}"
             log.warning("M3Embedder: %s", note)
             use_fp16 = False
+        silence_flagembedding_bars()
         self.model = BGEM3FlagModel(model, use_fp16=use_fp16, devices=[device],
                                     normalize_embeddings=True, batch_size=batch_size,
                                     query_max_length=max_length, passage_max_length=max_length)
