@@ -54,8 +54,10 @@ class ScorerModel(Strict):
     # batch twice, so calls of many forward batches cost less per pair. One thread, tiny
     # models: the cross-encoder took 14.6 s for 2,048 pairs in calls of 64 (Parallelism's
     # generic default), 8.1 s in calls of 256 and 6.4 s in calls of 1,024; NLI 49.0, 42.5
-    # and 40.1 s for 1,024 pairs.
-    parallel: Parallelism = NoHash(Parallelism(batch_size=1024))
+    # and 40.1 s for 1,024 pairs. benchmarks/features.py (2 CPUs, one actor): calls of 2,048
+    # against 1,024 took the cross-encoder from 0.84 to 0.94 of bare FlagReranker's rate
+    # (8,000 pairs; whole run 0.72 -> 0.79), NLI from 0.99 to 1.00 (2,000 pairs).
+    parallel: Parallelism = NoHash(Parallelism(batch_size=2048))
 
 
 class FeaturesConfig(Strict):
