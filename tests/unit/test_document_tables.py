@@ -4,6 +4,7 @@ the rows of the line parser (tasks/corpora.iter_documents), error rows included.
 import gzip
 import io
 import random
+import sys
 
 import pyarrow as pa
 import pytest
@@ -128,6 +129,10 @@ def test_field_mappings_and_neuclir_dates():
     got, expected = both(neu, fmt="neuclir")
     assert got.equals(expected) and got["date"].to_pylist() == ["2022-01-01", "1641000000"]
     assert both(b"", chunk_bytes=16)[0].num_rows == 0
+
+
+def test_python_whitespace_is_every_isspace_code_point():
+    assert set(dt.PY_SPACES) == {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()}
 
 
 def test_unknown_format_and_encoding_are_refused():

@@ -644,12 +644,8 @@ class Runner:
         writer = functools.partial(_write_shards, store=self.store, dirs=wheres,
                                    n_shards=[fresh[w][1][0].n_shards for w in wheres])
         # Whole blocks, not small batches: every file written here is a read task later, and
-        # on small machines a read task costs more than the rows in a small file. A light
-        # task, unlike the read's: Ray Data then runs the writes beside the read instead of
-        # fusing them into it, where a corpus of one big file was parsed and written by one
-        # task (1.4 M documents: 17.6 s, of which the Parquet writes 7).
-        written = ds.map_batches(writer, batch_format="pyarrow", batch_size=None,
-                                 num_cpus=LIGHT_CPUS).take_all()
+        # on small machines a read task costs more than the rows in a small file.
+        written = ds.map_batches(writer, batch_format="pyarrow", batch_size=None).take_all()
         pieces: dict[tuple[int, int], list[dict]] = {}
         for w in written:
             pieces.setdefault((int(w["cell"]), int(w["shard"])), []).append(w)

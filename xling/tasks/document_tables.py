@@ -16,8 +16,6 @@ by line, so the rows, error rows, their ids and their messages are the line pars
 
 from __future__ import annotations
 
-import functools
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
@@ -30,14 +28,12 @@ from xling.tasks.corpora import DATE_FIELDS, FIELDS, ENCODINGS, line_row
 
 CHUNK_BYTES = 8 << 20
 
-
-
-@functools.cache
-def _not_blank() -> str:
-    """RE2 for a character that str.strip() keeps: anything but Python's whitespace
-    (str.isspace), which is wider than RE2's \\s."""
-    return "[^" + "".join(f"\\x{{{ord(c):x}}}" for c in map(chr, range(sys.maxunicode + 1))
-                          if c.isspace()) + "]"
+# Python's whitespace (str.isspace, what str.strip() removes), wider than RE2's \s:
+# tests/unit/test_document_tables.py checks it against every code point.
+PY_SPACES = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(
+    map(chr, range(0x2000, 0x200b))) + "\u2028\u2029\u202f\u205f\u3000"
+# RE2: a character that str.strip() keeps.
+NOT_BLANK = "[^" + "".join(f"\\x{{{ord(c):x}}}" for c in PY_SPACES) + "]"
 
 
 def rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
@@ -118,8 +114,8 @@ def _arrow_table(chunk: memoryview, lines: int, options: pj.ParseOptions,
     if t.num_rows != lines:
         return None
     id_field, title_field, text_field = fields
-    ok = pc.and_(pc.match_substring_regex(t[id_field], _not_blank()),
-                 pc.match_substring_regex(t[text_field], _not_blank()))
+    ok = pc.and_(pc.match_substring_regex(t[id_field], NOT_BLANK),
+                 pc.match_substring_regex(t[text_field], NOT_BLANK))
     if t.num_rows and not pc.all(pc.fill_null(ok, False)).as_py():
         return None
     n = t.num_rows
