@@ -58,6 +58,14 @@ def print_ratios(unit: str, bare_steady: float, bare_whole: float, x: dict,
               f"driver {x['cpu']['driver']:.1f}")
 
 
+def print_without_startup(xling_whole: float, bare_rate: float,
+                          what: str = "a bare side without its start-up") -> None:
+    """The whole-run ratio against the bare side's rate without (part of) its start-up,
+    beside the one with it: the benchmarks count bare's import and model load in its whole
+    run, as xling's holds its actors'."""
+    print(f"  (whole-run ratio against {what}: {xling_whole / bare_rate:.2f})")
+
+
 def cpu_seconds() -> dict:
     """CPU seconds used so far by this process (the driver: planning, Ray Data's executor,
     the runner's commits) and by the whole machine (/proc/stat; Linux), to tell a stage's

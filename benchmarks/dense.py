@@ -46,6 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from index import run_xling, texts, vocabulary, write_inputs  # noqa: E402
+from common import print_without_startup  # noqa: E402
 
 
 def main() -> None:
@@ -177,8 +178,7 @@ def main() -> None:
     report("queries/s", len(queries) / bare_search_s, xs, bare_load_s)
     print(f"  bare: start-up {bare_load_s:.1f} s (import of FlagEmbedding, model load) + encode "
           f"{bare_encode_s:.1f} s + FAISS (add + one search) {faiss_s:.2f} s")
-    print(f"  (whole-run ratio against a bare side without its start-up: "
-          f"{xs['whole'] / (len(queries) / bare_search_s):.2f})")
+    print_without_startup(xs["whole"], len(queries) / bare_search_s)
     print(f"  exactness: xling FlatIndex build "
           f"{build_s:.2f} s + exact search in batches of {search_batch} "
           f"{exact_s:.2f} s ({exact_s / faiss_s:.2f}x FAISS)")

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_ratios, stream_rates  # noqa: E402
+from common import print_ratios, print_without_startup, stream_rates  # noqa: E402
 from index import texts, vocabulary  # noqa: E402
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
@@ -219,8 +219,7 @@ def report(n: int, startup: float, engine: float, rates: dict) -> None:
     """The bare call has no first output to cut at: its steady rate is the call's; its whole
     run adds its start-up (import and model load), as xling's holds its actor's."""
     print_ratios("pairs/s", n / engine, n / (startup + engine), rates, startup)
-    print(f"  (whole-run ratio against a bare side without its start-up: "
-          f"{rates['whole'] / (n / engine):.2f})")
+    print_without_startup(rates["whole"], n / engine)
 
 
 if __name__ == "__main__":

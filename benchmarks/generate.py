@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import print_ratios, stream_rates
+from common import print_ratios, print_without_startup, stream_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,9 +164,9 @@ def main() -> None:
           f"{b['load_s']:.1f} s (import of vLLM {b['import_s']:.1f} s, then the model load) "
           f"+ generate {b['s']:.1f} s; xling run {x['s']:.1f} s (Ray start included)")
     print_ratios("prompts/s", b["steady"], b["whole"], x["rates"], b["load_s"])
-    without = args.prompts / (b["s"] + b["load_s"] - b["import_s"])
-    print(f"  (whole-run ratio against a bare start-up without the import: "
-          f"{x['rates']['whole'] / without:.2f})")
+    print_without_startup(x["rates"]["whole"],
+                          args.prompts / (b["s"] + b["load_s"] - b["import_s"]),
+                          "a bare start-up without the import")
 
 
 if __name__ == "__main__":

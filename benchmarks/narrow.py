@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_ratios, print_stats, stream_rates  # noqa: E402
+from common import print_ratios, print_stats, print_without_startup, stream_rates  # noqa: E402
 from index import texts, vocabulary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,8 +197,7 @@ def main() -> None:
     # Bare's whole run holds its start-up (the import of FlagEmbedding and the model load),
     # as xling's holds its actor's, and as generate.py, dense.py and features.py count it.
     print_ratios("texts/s", n / embed_s, n / (load + embed_s + rank_s), rates, load)
-    print(f"  (whole-run ratio against a bare side without its start-up: "
-          f"{rates['whole'] / (n / (embed_s + rank_s)):.2f})")
+    print_without_startup(rates["whole"], n / (embed_s + rank_s))
     nm = manifest["narrow"]
     print(f"xling's reuse: {nm['sentences_total']} sentences in the haystacks, "
           f"{nm['sentences_distinct']} distinct embedded once: "

@@ -3,9 +3,9 @@
 Arrow's JSON reader parses a chunk in C++ while a thread decompresses the next: 1.4 M
 documents (3.5 GB of JSON lines, gzip level 1) read in 10.4 s with one Arrow thread (what a
 Ray task gets), against 20.8 s through `json.loads` per line; the gzip stream alone takes
-5.8 s. It is a fast path only. Every chunk that Arrow could
-read differently from the line parser (`corpora.parse_document_line`) is parsed again line
-by line, so the rows, error rows, their ids and their messages are the line parser's:
+5.8 s. It is a fast path only. Every chunk that Arrow could read differently from the line
+parser (`corpora.parse_document_line`) is parsed again line by line, so the rows, error
+rows, their ids and their messages are the line parser's:
 - Arrow raised (malformed JSON, a non-string id/title/text/date, a duplicate key, a number
   out of range, a lone surrogate), or the bytes are not valid UTF-8 (Arrow does not check);
 - a byte-order mark at the start of the chunk (json.loads rejects one at the start of a
