@@ -338,6 +338,80 @@ def test_bge_m3_is_an_embedder_built_in_one_place(embedder, tiny_models):
         make_embedder(tiny_models["bge_m3"], kind="e5")
 
 
+def test_store_embedder_embeds_each_text_once_and_caches_it(embedder, tiny_models, tmp_path):
+    """narrow's pool (core/vectors.StoreEmbedder): every vector is the embedder's own, each
+    distinct text of a cache space is embedded once, and a new actor on the same store
+    embeds nothing and returns the same vectors, bit for bit."""
+    from xling.core.runner import CELL
+    from xling.core.store import RunStore
+    from xling.core.vectors import StoreEmbedder, cache_dir, load_vectors, text_key
+
+    texts = ["The Eiffel Tower is in Paris.It was built in 1889.", "東京は日本の首都です。",
+             "กรุงเทพมหานครเป็นเมืองหลวงของประเทศไทย", "The Eiffel Tower is in Paris.It was built in 1889.",
+             "   ", None, "नई दिल्ली भारत की राजधानी है।", "القاهرة عاصمة مصر.",
+             "東京は日本の首都です。", "Kiswahili ni lugha ya Afrika Mashariki. " * 60]
+    cells = [0, 0, 0, 0, 0, 0, 1, 0, 1, 1]  # the same Japanese text in two spaces
+    prior = [None] * 7 + ["translation failed", None, None]
+    rows = pa.table({"text": pa.array(texts, pa.string()), CELL: pa.array(cells, pa.int64()),
+                     "error": pa.array(prior, pa.string()), "keep": list(range(10))})
+    settings = {"max_length": 512, "fp16": False}
+    kw = dict(store_uri=str(tmp_path), model=tiny_models["bge_m3"], cache_model="tiny:bge_m3",
+              settings=settings, spaces=["en", "xx"],
+              embedder=dict(max_length=512, batch_size=16, device="cpu"))
+    actor = StoreEmbedder(**kw)
+    got = actor(rows)
+    assert got.column_names == [CELL, "keep", "vector", "n_tokens", "cached", "error"]
+    assert got["keep"].to_pylist() == list(range(10))
+    assert got.schema.field("vector").type == pa.list_(pa.float32())
+    errors = got["error"].to_pylist()
+    assert errors == [None] * 4 + ["empty text", "empty text", None, "translation failed",
+                                   None, None]
+    ok = [i for i, e in enumerate(errors) if e is None]
+    direct = embedder.with_outputs(sparse=False, colbert=False)(
+        pa.table({"text": [texts[i] for i in ok]}))["dense"].to_pylist()
+    vectors = got["vector"].to_pylist()
+    assert [i for i, v in enumerate(vectors) if v is None] == [4, 5, 7]
+    for i, want in zip(ok, direct):
+        np.testing.assert_allclose(vectors[i], want, atol=1e-6)
+    assert vectors[0] == vectors[3]  # one embedding for both copies
+    n_tokens = got["n_tokens"].to_pylist()
+    lengths = [len(x) for x in embedder.model.tokenizer([texts[i] for i in ok],
+                                                       truncation=False)["input_ids"]]
+    assert [n_tokens[i] for i in ok] == lengths and lengths[-1] > 512  # counted untruncated
+    assert got["cached"].to_pylist() == [False] * 10
+    assert actor.embedded == 6  # 0 (and 3), 1, 2 in "en"; 6, 8, 9 in "xx"
+
+    store = RunStore(str(tmp_path))
+    for space, idx in (("en", [0, 1, 2]), ("xx", [6, 8, 9])):
+        cache = load_vectors(store, cache_dir("tiny:bge_m3", settings, space))
+        assert sorted(cache) == sorted(text_key(texts[i]) for i in idx)
+        for i in idx:
+            vec, n = cache[text_key(texts[i])]
+            assert vec.dtype == np.float32 and vec.tolist() == vectors[i] and n == n_tokens[i]
+
+    again = StoreEmbedder(**kw)(rows)
+    assert again["vector"].to_pylist() == vectors and again["n_tokens"].to_pylist() == n_tokens
+    assert again["cached"].to_pylist() == [e is None for e in errors]
+    assert again["error"].to_pylist() == errors
+
+
+def test_vector_columns_round_trip_with_null_rows():
+    from xling.core.vectors import vector_lists, vector_matrix
+
+    matrix = np.arange(12, dtype=np.float32).reshape(4, 3)
+    valid = np.array([True, False, True, True])
+    column = vector_lists(matrix, valid)
+    assert column.to_pylist() == [[0, 1, 2], None, [6, 7, 8], [9, 10, 11]]
+    assert column.value_lengths().to_pylist() == [3, None, 3, 3]  # a null row holds nothing
+    back = vector_matrix(pa.chunked_array([column[:2], column[2:]]), 3)
+    np.testing.assert_array_equal(back, np.where(valid[:, None], matrix, 0))
+    fixed = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), 3,
+                                              mask=pa.array(~valid))
+    np.testing.assert_array_equal(vector_matrix(fixed, 3), back)
+    np.testing.assert_array_equal(vector_matrix(column.filter(pa.array(valid))), matrix[valid])
+    assert vector_matrix(vector_lists(matrix[:0], valid[:0]), 3).shape == (0, 3)
+
+
 # ------------------------------------------------------------------------------------------
 # Dense: sharded == single
 

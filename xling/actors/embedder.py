@@ -281,8 +281,13 @@ class M3Embedder(_Settings):
                      "use_fp16": use_fp16, "max_length": max_length, "note": note}
 
     def count_tokens(self, texts: list[str]) -> list[int]:
-        ids = self.model.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
-        return [len(i) for i in ids]
+        # The Rust tokenizer itself: transformers' wrapper turns every encoding into Python
+        # lists first (0.31 s against 0.22 s for 8,192 sentences). FlagEmbedding's calls
+        # leave their truncation set on it, and transformers sets its own again each call.
+        backend = self.model.tokenizer.backend_tokenizer
+        backend.no_truncation()
+        backend.no_padding()
+        return [len(e) for e in backend.encode_batch_fast(texts, add_special_tokens=True)]
 
     def with_settings(self, **per_call) -> "M3Embedder":
         """The same loaded model with other `PER_CALL` settings (no second load)."""

@@ -52,13 +52,21 @@ def load_vectors(store: RunStore, rel_dir: str) -> dict[str, tuple[np.ndarray, i
     return out
 
 
-def vector_matrix(column) -> np.ndarray:
-    """A `list<float32>` Arrow column of equal-length vectors -> a (rows, dim) float32 matrix."""
-    if not len(column):
-        return np.zeros((0, 0), np.float32)
-    flat = column.combine_chunks()
-    dim = len(flat[0])
-    return flat.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
+def vector_matrix(column, dim: int | None = None) -> np.ndarray:
+    """A `list<float32>` or `fixed_size_list<float32>` Arrow column of equal-length vectors
+    -> a (rows, dim) float32 matrix; a null row (a list array's null is empty) is zeros.
+    `dim` is needed only when the column may hold no vector to read it from."""
+    flat = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if dim is None:
+        if not len(flat):
+            return np.zeros((0, 0), np.float32)
+        dim = len(flat[0])
+    if not flat.null_count:
+        return flat.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
+    out = np.zeros((len(flat), dim), np.float32)
+    valid = flat.is_valid().to_numpy(zero_copy_only=False)
+    out[valid] = vector_matrix(flat.filter(valid), dim)
+    return out
 
 
 class StoreEmbedder:
@@ -100,58 +108,75 @@ class StoreEmbedder:
                                  f"the embedder's are {self._embedder.fingerprint}")
         return self._embedder
 
-    def _embed(self, texts: list[str]) -> tuple[list, list[int | None], list[str | None]]:
+    def _embed(self, texts: list[str]) -> tuple[np.ndarray, list[int], list[str | None]]:
+        """(vectors as a (len(texts), dim) matrix, token counts, errors) of `texts`."""
         batch = self.embedder(pa.table({"text": pa.array(texts, pa.string())}))
-        errors = batch["error"].to_pylist()
-        dense = batch["dense"].to_pylist()
-        return dense, self.embedder.count_tokens(texts), errors
+        return (vector_matrix(batch["dense"], self.embedder.dim),
+                self.embedder.count_tokens(texts), batch["error"].to_pylist())
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from xling.core.runner import CELL
 
+        # Vectors stay in one float32 matrix from the model to the output column: real BGE-M3
+        # has 1,024 dimensions, and a round trip through Python lists cost ~57 ms a call of
+        # 1,024 rows, which on a GPU is the order of the encode itself.
         texts = batch["text"].to_pylist()
         cells = batch[CELL].to_pylist()
-        prior = batch["error"].to_pylist() if "error" in batch.column_names else [None] * len(texts)
-        keys = [text_key(t) if t is not None else None for t in texts]
-        vectors: list = [None] * len(texts)
-        n_tokens: list = [None] * len(texts)
-        cached = [False] * len(texts)
+        n = len(texts)
+        prior = batch["error"].to_pylist() if "error" in batch.column_names else [None] * n
+        matrix = np.zeros((n, self.embedder.dim), np.float32)
+        has_vector = np.zeros(n, bool)
+        n_tokens: list = [None] * n
+        cached = [False] * n
         errors = list(prior)
         todo: dict[tuple[str, str], list[int]] = {}
-        for i, (k, c) in enumerate(zip(keys, cells)):
+        for i, (text, c) in enumerate(zip(texts, cells)):
             if errors[i] is not None:
                 continue
-            if k is None or not texts[i].strip():
+            if text is None or not text.strip():
                 errors[i] = "empty text"
                 continue
-            space = self.spaces[c]
+            space, k = self.spaces[c], text_key(text)
             hit = self._space(space).get(k)
             if hit is not None:
-                vectors[i], n_tokens[i], cached[i] = hit[0], hit[1], True
+                matrix[i], n_tokens[i], cached[i], has_vector[i] = hit[0], hit[1], True, True
             else:
                 todo.setdefault((space, k), []).append(i)
         if todo:
             first = [idx[0] for idx in todo.values()]
             dense, ntok, errs = self._embed([texts[i] for i in first])
-            new: dict[str, list[dict]] = {}
-            for (space, k), idx, vec, n, err in zip(todo, todo.values(), dense, ntok, errs):
+            new: dict[str, list[int]] = {}  # space -> rows of `dense` to add to its cache
+            for j, ((space, k), idx) in enumerate(todo.items()):
                 for i in idx:
-                    vectors[i], n_tokens[i], errors[i] = vec, n, err
-                if err is None:
-                    v = np.asarray(vec, np.float32)
-                    self.known[space][k] = (v, n)
-                    new.setdefault(space, []).append({"key": k, "vector": v, "n_tokens": n,
-                                                      "created_at": time.time()})
+                    n_tokens[i], errors[i] = ntok[j], errs[j]
+                if errs[j] is None:
+                    matrix[idx] = dense[j]
+                    has_vector[idx] = True
+                    self.known[space][k] = (dense[j], ntok[j])
+                    new.setdefault(space, []).append(j)
             self.embedded += len(first)
+            keys = [k for _, k in todo]
             for space, rows in new.items() if self.store is not None else ():
                 self.store.write_parquet(
                     f"{cache_dir(self.cache_model, self.settings, space)}/"
                     f"{uuid.uuid4().hex}.parquet",
-                    pa.Table.from_pylist(rows, schema=VECTORS))
+                    pa.table([pa.array([keys[j] for j in rows], pa.string()),
+                              vector_lists(dense[rows], np.ones(len(rows), bool)),
+                              pa.array([ntok[j] for j in rows], pa.int32()),
+                              pa.array(np.full(len(rows), time.time()))], schema=VECTORS))
         out = batch.drop_columns([c for c in ("text", "error") if c in batch.column_names])
-        return (out.append_column("vector", pa.array(
-                    [None if v is None else np.asarray(v, np.float32) for v in vectors],
-                    pa.list_(pa.float32())))
+        return (out.append_column("vector", vector_lists(matrix, has_vector))
                 .append_column("n_tokens", pa.array(n_tokens, pa.int32()))
                 .append_column("cached", pa.array(cached, pa.bool_()))
                 .append_column("error", pa.array(errors, pa.string())))
+
+
+def vector_lists(matrix: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """The rows of a float32 matrix as a `list<float32>` array, null (and empty) where
+    `valid` is False, built from the matrix's buffer without Python lists."""
+    dim = matrix.shape[1]
+    offsets = np.zeros(len(matrix) + 1, np.int32)
+    np.cumsum(np.where(valid, dim, 0), out=offsets[1:])
+    values = np.ascontiguousarray(matrix[valid], np.float32).reshape(-1)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values),
+                                    mask=pa.array(~valid))
