@@ -277,6 +277,59 @@ def test_a_committed_cell_is_read_as_the_partition(ray_local, tmp_path):
     assert m["rows"] == len(ROWS)
 
 
+def _block_sizes(batch: pa.Table) -> pa.Table:
+    """The map sees each block whole (batch_size=None): note its rows and shards."""
+    from xling.core.runner import SHARD
+
+    shards = len(set(batch[SHARD].to_pylist()))
+    return _upper(batch).append_column("block", pa.array([[batch.num_rows, shards]] *
+                                                         batch.num_rows))
+
+
+class BlockStage(EchoStage):
+    """Reads its partition in blocks of 8 rows, as ingest, index and narrow read theirs."""
+
+    def read(self, cell, cfg):
+        import ray.data
+
+        # two source blocks: partition files of ~10 rows each shard
+        return ray.data.from_items([{"_rid": r["id"], **r} for r in self.rows],
+                                   override_num_blocks=2)
+
+    def read_block_rows(self, cells, cfg):
+        return 8
+
+    def map(self, ds, cells, cfg):
+        from xling.core.pools import LIGHT_CPUS
+
+        return ds.map_batches(_block_sizes, batch_format="pyarrow", batch_size=None,
+                              num_cpus=LIGHT_CPUS)
+
+
+def test_partition_read_in_blocks_of_the_stage_rows_in_one_task_per_file(ray_local, tmp_path,
+                                                                          monkeypatch):
+    """`read_block_rows`: one fused task per partition file reads, tags and cuts its rows
+    into blocks of at most that many rows, each of one shard (a split read would run every
+    block as a task of its own before the pool); every row arrives once."""
+    monkeypatch.setenv("XLING_STREAM_STATS", "1")
+    store = RunStore(str(tmp_path / "run"))
+    stage = BlockStage(ROWS, n_shards=3, tag="blocks")
+    runner = Runner(store, progress=False)
+    runner.run(stage, None)
+    cell = stage.cells(None)[0]
+    out = read_cell(store, cell.dir)
+    assert sorted(out["id"].to_pylist()) == [r["id"] for r in ROWS]
+    blocks = [b for b in out["block"].to_pylist()]
+    assert max(rows for rows, _ in blocks) == 8 and {shards for _, shards in blocks} == {1}
+    stats = runner.streams[-1]["stats"]
+    read = next(line for line in stats.splitlines() if "ReadParquet" in line)
+    assert "ReadParquet->MapBatches(_tag_rows)->StreamingRepartition" in read, stats
+    files = sum(len(s["files"]) for s in store.read_json(
+        f"{store.read_json(f'{cell.dir}/_manifest.json')['inputs']['partition']}"
+        "/_done.json")["shards"].values())
+    assert f": {files} tasks executed" in read, stats
+
+
 class Sleeper:
     """An actor that notes when it was alive (files, so the test sees both pools)."""
 

@@ -139,6 +139,26 @@ def test_the_rules_cut_where_their_plain_regex_statement_cuts():
         assert _cuts(piece, "Latn") == sorted(set(reference(piece)) | set(strong)), piece
 
 
+def test_pieces_without_a_stop_inside_skip_the_rules_and_lose_no_cut():
+    """`_cuts` returns at once for a piece with no stop before its last character (most of
+    them); on random pieces of every script's stops, closers, reference marks, Thai spaces
+    and Latin words, what it returns is what the rules themselves cut."""
+    import random
+
+    from xling.tasks.text import _cuts, _rule_cuts
+
+    rng = random.Random(11)
+    parts = [*"abXYé 12.!?。！？।॥؟۔។။」』)]\"' ", "[1]", "\u0e01\u0e32", "\u0e81", "\u4e00",
+             "\u3042", "ni", "kan. Ní", "U.S.", "x.com", ".Wax", "e.g."]
+    skipped = 0
+    for _ in range(4_000):
+        piece = "".join(rng.choice(parts) for _ in range(rng.randint(0, 16)))
+        for script in ("Latn", "Cyrl", "Hans", "Jpan", "Thai", "Laoo", "Deva", "Arab", "Khmr"):
+            assert _cuts(piece, script) == _rule_cuts(piece, script), (piece, script)
+        skipped += not any(c in ".!?。！？।॥؟۔។။" for c in piece[:-1])
+    assert skipped > 400  # the quick path was taken, and agreed
+
+
 def test_unknown_languages_are_errors_never_a_fallback():
     for bad in ("xx", "english-ish", ""):
         with pytest.raises(UnknownLanguageError):

@@ -29,13 +29,17 @@ class DocumentStats:
             from tokenizers import Tokenizer
 
             tok = Tokenizer.from_file(path)
-            self.encode = lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+            # Only the counts: no offsets computed (`_fast`), no ids copied into Python lists
+            # (the copy alone cost 13 us a document, against ~75 us for the encoding).
+            self.count_tokens = lambda texts: [
+                len(e) for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
         else:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             from transformers import AutoTokenizer
 
             hf = AutoTokenizer.from_pretrained(tokenizer_path)
-            self.encode = lambda texts: hf(texts, add_special_tokens=False)["input_ids"]
+            self.count_tokens = lambda texts: [
+                len(i) for i in hf(texts, add_special_tokens=False)["input_ids"]]
 
     def segments(self, text: str, lang: str) -> list[str]:
         out = []
@@ -50,8 +54,8 @@ class DocumentStats:
         errors = batch["error"].to_pylist()
         n_chars, n_segments, n_tokens = [], [], []
         ok = [i for i, e in enumerate(errors) if e is None]
-        tokens = self.encode([texts[i] for i in ok]) if ok else []
-        by_row = dict(zip(ok, tokens))
+        counts = self.count_tokens([texts[i] for i in ok]) if ok else []
+        by_row = dict(zip(ok, counts))
         for i, (text, lang) in enumerate(zip(texts, langs)):
             if i not in by_row:
                 n_chars.append(None), n_segments.append(None), n_tokens.append(None)
@@ -62,7 +66,7 @@ class DocumentStats:
                 errors[i] = f"segmentation failed: {type(e).__name__}: {e}"
                 n_segments.append(None)
             n_chars.append(len(text))
-            n_tokens.append(len(by_row[i]))
+            n_tokens.append(by_row[i])
         batch = batch.set_column(batch.column_names.index("error"), "error",
                                  pa.array(errors, pa.string()))
         return (batch.append_column("n_chars", pa.array(n_chars, pa.int64()))

@@ -140,8 +140,19 @@ def fingerprint() -> str:
     return f"sentencex-{version('sentencex')}+{RULES}"
 
 
+# Every rule's match above starts at one of these; a cut falls after it, inside the piece.
+_STOP_RE = re.compile(f"[{_STRONG}.!?]")
+
+
 def _cuts(piece: str, script: str) -> list[int]:
     """Offsets inside ``piece`` (one sentencex sentence) where xling's rules add a boundary."""
+    if script not in SPACE_SENTENCE_SCRIPTS and not _STOP_RE.search(piece, 0, len(piece) - 1):
+        return []  # no stop before the last character: most pieces, at a third of the cost
+    return _rule_cuts(piece, script)
+
+
+def _rule_cuts(piece: str, script: str) -> list[int]:
+    """`_cuts` by the rules themselves, on any piece."""
     cuts = {m.end() for m in _STRONG_RE.finditer(piece)}
     if script in CASED_SCRIPTS:
         for m in _GLUED_RE.finditer(piece):
