@@ -29,8 +29,8 @@ class DocumentStats:
             from tokenizers import Tokenizer
 
             tok = Tokenizer.from_file(path)
-            # Only the counts: no offsets computed (`_fast`), no ids copied into Python lists
-            # (the copy alone cost 13 us a document, against ~75 us for the encoding).
+            # Only the counts: no offsets computed (`_fast`: 63 us a Mr.TyDi passage against
+            # 97 us) and no ids copied into Python lists (13 us).
             self.count_tokens = lambda texts: [
                 len(e) for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
         else:
