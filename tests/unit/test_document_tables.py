@@ -101,6 +101,25 @@ def test_odd_lines_give_the_line_parsers_rows_wherever_the_chunks_fall():
             both(data, encoding="latin-1")[1])
 
 
+def test_a_reader_that_stops_early_leaves_no_thread_behind():
+    """The parse and read-ahead threads end with the generator, whether it ran out or its
+    caller stopped after the first table (a Ray task cancelled, a limit reached)."""
+    import threading
+
+    data = b"".join(b'{"docid": "d%d", "title": "", "text": "w %d"}\n' % (i, i)
+                    for i in range(500))
+    before = threading.active_count()
+    tables = dt.document_tables(io.BytesIO(data), fmt="mrtydi", lang="en", source="s",
+                                schema=DOCUMENTS, chunk_bytes=256)
+    assert next(tables).num_rows >= 1
+    tables.close()
+    assert threading.active_count() == before
+    rows = sum(t.num_rows for t in dt.document_tables(
+        io.BytesIO(data), fmt="mrtydi", lang="en", source="s", schema=DOCUMENTS,
+        chunk_bytes=256))
+    assert rows == 500 and threading.active_count() == before
+
+
 def test_each_odd_line_is_counted_as_the_line_parser_counts_it():
     data = b"\n".join(ODD) + b"\n"
     got, expected = both(data, chunk_bytes=64)
