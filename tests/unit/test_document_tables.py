@@ -119,6 +119,21 @@ def test_a_reader_that_stops_early_leaves_no_thread_behind():
         chunk_bytes=256))
     assert rows == 500 and threading.active_count() == before
 
+    class Broken(io.BytesIO):  # a store connection lost after the first read
+        reads = 0
+
+        def read(self, n=-1):
+            self.reads += 1
+            if self.reads > 1:
+                raise OSError("connection reset")
+            return super().read(n)
+
+    tables = dt.document_tables(Broken(data), fmt="mrtydi", lang="en", source="s",
+                                schema=DOCUMENTS, chunk_bytes=256)
+    with pytest.raises(OSError, match="connection reset"):
+        list(tables)
+    assert threading.active_count() == before
+
 
 def test_each_odd_line_is_counted_as_the_line_parser_counts_it():
     data = b"\n".join(ODD) + b"\n"
