@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from xling.actors.dense_retriever import _matrix
+from xling.actors.embedder import vector_matrix
 from xling.actors.dense_search import FlatIndex, merge_topk, search_shard
 
 
@@ -135,13 +135,13 @@ def test_edge_cases_and_errors():
 def test_matrix_from_arrow_columns():
     fixed = pa.chunked_array([pa.array([[1, 2], None], pa.list_(pa.float32(), 2)),
                               pa.array([[3, 4]], pa.list_(pa.float32(), 2))])
-    assert _matrix(fixed).tolist() == [[1, 2], [0, 0], [3, 4]]
+    assert vector_matrix(fixed).tolist() == [[1, 2], [0, 0], [3, 4]]
     varlen = pa.array([None, [1.5, 2.5], [3.5, 4.5]], pa.list_(pa.float32())).slice(1)
-    m = _matrix(varlen)
+    m = vector_matrix(varlen)
     assert m.dtype == np.float32 and m.tolist() == [[1.5, 2.5], [3.5, 4.5]]
-    assert _matrix(pa.array([None, None], pa.list_(pa.float32()))).shape == (2, 0)
+    assert vector_matrix(pa.array([None, None], pa.list_(pa.float32()))).shape == (2, 0)
     with pytest.raises(ValueError, match="different lengths"):
-        _matrix(pa.array([[1.0, 2.0], [3.0]], pa.list_(pa.float32())))
+        vector_matrix(pa.array([[1.0, 2.0], [3.0]], pa.list_(pa.float32())))
 
 
 def test_blocks_of_centred_documents(monkeypatch):

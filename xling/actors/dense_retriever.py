@@ -18,7 +18,7 @@ from collections import OrderedDict
 import numpy as np
 import pyarrow as pa
 
-from xling.actors.embedder import Embedder, MultiVector, make_embedder
+from xling.actors.embedder import Embedder, MultiVector, make_embedder, vector_matrix
 
 
 class DenseRetriever:
@@ -145,7 +145,7 @@ def _arrays(t: pa.Table, keep_nulls: bool = False) -> dict:
     """Embedding table -> numpy arrays (dense matrix; sparse dicts; ColBERT matrices)."""
     if not keep_nulls and "error" in t.column_names:
         t = t.filter(pa.compute.is_null(t["error"]))
-    out = {"ids": t["doc_id"].to_pylist(), "dense": _matrix(t["dense"])}
+    out = {"ids": t["doc_id"].to_pylist(), "dense": vector_matrix(t["dense"])}
     if "sparse_ids" in t.column_names:
         out["sparse"] = [dict(zip(a or [], w or [])) for a, w in
                          zip(t["sparse_ids"].to_pylist(), t["sparse_weights"].to_pylist())]
@@ -153,24 +153,6 @@ def _arrays(t: pa.Table, keep_nulls: bool = False) -> dict:
         out["colbert"] = [None if v is None else np.asarray(v, np.float32).reshape(l, -1)
                           for v, l in zip(t["colbert"].to_pylist(), t["colbert_len"].to_pylist())]
     return out
-
-
-def _matrix(column) -> np.ndarray:
-    """A (fixed-size) list<float> column of equal-length vectors -> a [rows, dim] float32
-    matrix, a null row as zeros; through Arrow's buffers, not one Python list per row."""
-    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    valid = col.is_valid().to_numpy(zero_copy_only=False)
-    values = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    if pa.types.is_fixed_size_list(col.type):
-        dim = col.type.list_size
-    else:
-        lengths = pa.compute.list_value_length(col).drop_null().to_numpy(zero_copy_only=False)
-        dim = int(lengths[0]) if len(lengths) else 0
-        if (lengths != dim).any():
-            raise ValueError(f"dense vectors of different lengths {sorted(set(lengths.tolist()))}")
-    mat = np.zeros((len(col), dim), dtype=np.float32)
-    mat[valid] = values.reshape(-1, dim) if dim else values.reshape(int(valid.sum()), 0)
-    return mat
 
 
 def _one(q: dict, i: int) -> dict:

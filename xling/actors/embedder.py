@@ -413,6 +413,35 @@ class M3Embedder(_Settings):
         return cols
 
 
+def vector_matrix(column, dim: int | None = None) -> np.ndarray:
+    """A (fixed-size) list<float> column of equal-length vectors -> a [rows, dim] float32
+    matrix, a null row as zeros; through Arrow's buffers, not one Python list per row.
+    `dim` is the width where neither the type nor a row gives it (an empty or all-null
+    list column; 0 if not given)."""
+    import pyarrow.compute as pc
+
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    valid = col.is_valid().to_numpy(zero_copy_only=False)
+    values = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    if pa.types.is_fixed_size_list(col.type):
+        dim = col.type.list_size
+    else:
+        lengths = pc.list_value_length(col).drop_null().to_numpy(zero_copy_only=False)
+        dim = int(lengths[0]) if len(lengths) else (dim or 0)
+        if (lengths != dim).any():
+            raise ValueError(f"dense vectors of different lengths {sorted(set(lengths.tolist()))}")
+    mat = np.zeros((len(col), dim), dtype=np.float32)
+    mat[valid] = values.reshape(-1, dim) if dim else values.reshape(int(valid.sum()), 0)
+    return mat
+
+
+def vector_lists(matrix: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """The rows of a float32 matrix as a `list<float32>` array, null (and empty) where
+    `valid` is False: `vector_matrix`'s inverse."""
+    return _lists([row if ok else None for row, ok in zip(matrix, valid)], np.float32,
+                  pa.array(~np.asarray(valid, bool)))
+
+
 def _lists(parts: list[np.ndarray | None], dtype, mask: pa.Array) -> pa.Array:
     """Numpy rows -> one list<dtype> array (null where the row is None), without Python lists."""
     lengths = np.array([0 if p is None else len(p) for p in parts], dtype=np.int64)

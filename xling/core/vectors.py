@@ -19,7 +19,7 @@ import uuid
 import numpy as np
 import pyarrow as pa
 
-from xling.actors.embedder import Embedder, make_embedder
+from xling.actors.embedder import Embedder, make_embedder, vector_lists, vector_matrix
 from xling.core.config import stable_hash
 from xling.core.store import RunStore
 
@@ -49,23 +49,6 @@ def load_vectors(store: RunStore, rel_dir: str) -> dict[str, tuple[np.ndarray, i
     for key, vec, n in zip(t["key"].to_pylist(), vector_matrix(t["vector"]),
                            t["n_tokens"].to_pylist()):
         out.setdefault(key, (vec, n))
-    return out
-
-
-def vector_matrix(column, dim: int | None = None) -> np.ndarray:
-    """A `list<float32>` or `fixed_size_list<float32>` Arrow column of equal-length vectors
-    -> a (rows, dim) float32 matrix; a null row (a list array's null is empty) is zeros.
-    `dim` is needed only when the column may hold no vector to read it from."""
-    flat = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if dim is None:
-        if not len(flat):
-            return np.zeros((0, 0), np.float32)
-        dim = len(flat[0])
-    if not flat.null_count:
-        return flat.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
-    out = np.zeros((len(flat), dim), np.float32)
-    valid = flat.is_valid().to_numpy(zero_copy_only=False)
-    out[valid] = vector_matrix(flat.filter(valid), dim)
     return out
 
 
@@ -111,7 +94,7 @@ class StoreEmbedder:
     def _embed(self, texts: list[str]) -> tuple[np.ndarray, list[int], list[str | None]]:
         """(vectors as a (len(texts), dim) matrix, token counts, errors) of `texts`."""
         batch = self.embedder(pa.table({"text": pa.array(texts, pa.string())}))
-        return (vector_matrix(batch["dense"], self.embedder.dim),
+        return (vector_matrix(batch["dense"]),
                 self.embedder.count_tokens(texts), batch["error"].to_pylist())
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -170,13 +153,3 @@ class StoreEmbedder:
                 .append_column("cached", pa.array(cached, pa.bool_()))
                 .append_column("error", pa.array(errors, pa.string())))
 
-
-def vector_lists(matrix: np.ndarray, valid: np.ndarray) -> pa.Array:
-    """The rows of a float32 matrix as a `list<float32>` array, null (and empty) where
-    `valid` is False, built from the matrix's buffer without Python lists."""
-    dim = matrix.shape[1]
-    offsets = np.zeros(len(matrix) + 1, np.int32)
-    np.cumsum(np.where(valid, dim, 0), out=offsets[1:])
-    values = np.ascontiguousarray(matrix[valid], np.float32).reshape(-1)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values),
-                                    mask=pa.array(~valid))
