@@ -22,7 +22,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import pyarrow as pa
@@ -81,7 +80,9 @@ def document_tables(stream: BinaryIO, *, fmt: str, lang: str, source: str, schem
         return table
 
     def tables() -> Iterator[pa.Table]:
-        for chunk, lines, first_line in _chunks(_read_ahead(stream, chunk_bytes)):
+        # The gzip stream decompresses in a thread of its own (a pyarrow stream's read
+        # releases the GIL), while this one parses.
+        for chunk, lines, first_line in _chunks(_ahead(_reads(stream, chunk_bytes), 1)):
             table = parse(chunk, lines, first_line)
             if table.num_rows:
                 yield table
@@ -152,19 +153,11 @@ def _chunks(reads: Iterator[bytes]) -> Iterator[tuple[memoryview, int, int]]:
             line_no += lines
 
 
-def _read_ahead(stream: BinaryIO, size: int) -> Iterator[bytes]:
-    """`stream.read(size)` until b"" (which it yields too), the next read running in a thread
-    while the caller works on this one: the gzip stream decompresses on one core while Arrow
-    parses on the others (a pyarrow stream's read releases the GIL)."""
-    with ThreadPoolExecutor(1) as pool:
-        ahead = pool.submit(stream.read, size)
-        while True:
-            data = ahead.result()
-            if data:
-                ahead = pool.submit(stream.read, size)
-            yield data
-            if not data:
-                return
+def _reads(stream: BinaryIO, size: int) -> Iterator[bytes]:
+    """`stream.read(size)` until b"", which it yields too (the end, for `_chunks`)."""
+    while data := stream.read(size):
+        yield data
+    yield b""
 
 
 def _arrow_table(chunk: memoryview, lines: int, options: pj.ParseOptions,
