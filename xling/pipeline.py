@@ -121,62 +121,67 @@ def sync_logs(console, store: RunStore, *, workers: bool = False, address=None) 
 
 
 def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) -> int:
-    """Run stages of one config, or of a sweep's configs together (one run root)."""
+    """Run stages of one config, or of a sweep's configs together (one run root), from one
+    plan (core/plan.py) built once for the command."""
+    from xling.core.memo import run_scope
+
+    with run_scope():
+        return _run_plan(cfg if isinstance(cfg, list) else [cfg], stages, args)
+
+
+def _run_plan(cfgs: list[XlingConfig], stages: list[str], args) -> int:
     from xling.core.hosts import plan_hosts, sharing
+    from xling.core.plan import build_plan
     from xling.core.runner import Runner
     from xling.core.runtime import init_ray
     from xling.jobs.report import write_report
 
-    cfgs = cfg if isinstance(cfg, list) else [cfg]
     store = RunStore(cfgs[0].run_root)
     registry = stage_registry()
     console = make_console(cfgs[0], args)
     runner = Runner(store, force=args.force, progress=console.progress, log=console.say,
                     detail=console.detail, limit=getattr(args, "limit", None))
+    # Everything that can be checked without Ray is checked before Ray starts: inputs,
+    # models, languages (the plan's cells), GPU fit, then the run store.
+    plan = build_plan(cfgs, stages, registry)
     ray_stages = [s for s in stages if s != "report" and not is_driver_stage(registry[s])]
-
-    def stage_engines():  # (stage, the engines its pools run), for plan_hosts
-        return [(name, [e for one in cfgs for e in registry[name]().engines(one)])
-                for name in ray_stages]
-
+    hosts = plan_hosts([(name, plan.engine_specs(name)) for name in ray_stages],
+                       log=console.say)
     if args.dry_run:
         # Planning reads the cells' manifests from the store: reach an S3 one first, so that
         # a missing credential or endpoint is one line naming the fix, not a botocore trace.
         # (A local root is left alone: a dry run creates nothing.)
         if store.is_s3:
             store.check(write=False)
+        print("\n".join(f"[plan] {line}" for line in plan.describe(store, force=args.force)))
         for name in stages:
             if name == "report":
                 print(f"[report] would write {store.url('report/index.html')} and "
                       f"{store.url('report/summary.md')}")
                 continue
-            seen = set()
-            for c in (c for one in cfgs for c in runner.plan(registry[name](), one)):
-                if c["cell"] in seen:
+            for node in plan.of(name):
+                if not node.runs or node.cell.id not in {c.id for c in plan.run_cells(name)}:
                     continue
-                seen.add(c["cell"])
+                c = runner.describe(node.cell, inputs=node.inputs)
                 print(f"[{name}] {c['cell']}: {c['state']} ({c['shards_done']}/{c['n_shards']} "
                       f"shards committed); would run {c['todo']}\n    out: {c['dir']}\n    in:  "
                       + "\n         ".join(c["inputs"]))
-        for line in plan_hosts(stage_engines()).describe():
+        for line in hosts.describe():
             print(f"[xling] would {line}")
         return 0
-    # Everything that can be checked without Ray is checked before Ray starts: inputs,
-    # models, languages (cells), then the run store.
-    for one in cfgs:
-        for name in stages:
-            if name != "report":
-                registry[name]().cells(one)
+    check_gpu_fit(plan)
     store.check()
+    plan.check_inputs(store)
     for one in cfgs:
         for i, name in enumerate(stages):
             if name != "report":
                 registry[name]().prepare(one, store, upstream=tuple(stages[:i]))
     attach_logs(console, cfgs[0], runner.run_id)
+    store.write_json(f"_runs/{runner.run_id}/plan.json", plan.to_json(runner.run_id))
+    console.detail(f"[xling] plan: {store.url(f'_runs/{runner.run_id}/plan.json')}\n"
+                   + "\n".join(plan.describe()))
     if ray_stages:
         init_ray(cfgs[0], args.address, console.level)
-    # Engines that several of these stages ask for start once, for all of them.
-    hosts = plan_hosts(stage_engines(), log=console.say)
     try:
         with sharing(hosts):
             for name in stages:
@@ -198,6 +203,16 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
             console.say(note)
         console.close()
     return 0
+
+
+def check_gpu_fit(plan) -> None:
+    """Engines that Ray would put on one GPU but whose memory does not fit there: one config
+    error before anything starts (core/plan.gpu_fit_errors)."""
+    from xling.core.plan import gpu_fit_errors
+
+    errors = gpu_fit_errors(plan)
+    if errors:
+        raise ConfigError("the plan's engines do not fit their GPUs: " + "; ".join(errors))
 
 
 def run_driver_stage(console, stage_cls, cfgs: list[XlingConfig], store: RunStore,
@@ -306,20 +321,27 @@ def sweep_metrics(cfg: XlingConfig, store: RunStore) -> list[dict]:
 
 
 def validate(cfg: XlingConfig) -> int:
-    """`xling validate`: the resolved config as YAML, then every cell with its directory."""
+    """`xling validate`: the resolved config as YAML, every cell with its directory, then the
+    plan: per stage its cells and what they need, each engine's first and last stage."""
     import yaml
 
-    from xling.core.runner import Runner
+    from xling.core.memo import run_scope
+    from xling.core.plan import build_plan
 
-    # Plan first: a planning error (a missing file, say) is printed alone, not after
-    # hundreds of lines of resolved config.
-    runner = Runner(RunStore(cfg.run_root))
-    planned = [(name, c) for name in cfg.stages if name != "report"
-               for c in runner.plan(stage_registry()[name](), cfg)]
+    registry = stage_registry()
+    stages = list(cfg.stages)
+    with run_scope():
+        # Plan first: a planning error (a missing file, say) is printed alone, not after
+        # hundreds of lines of resolved config.
+        plan = build_plan([cfg], stages, registry)
+        check_gpu_fit(plan)
+    store = RunStore(cfg.run_root)
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False,
                          allow_unicode=True, width=100), end="")
-    for name, c in planned:
-        print(f"[{name}] cell {c['cell']} -> {c['dir']}")
+    for name in stages:
+        for cell in (plan.run_cells(name) if name != "report" else []):
+            print(f"[{name}] cell {cell.id} -> {store.url(cell.dir)}")
+    print("\n".join(f"[plan] {line}" for line in plan.describe()))
     return 0
 
 

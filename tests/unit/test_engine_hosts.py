@@ -1,7 +1,9 @@
-"""Which stages of a run share an LLM engine (core/hosts.plan_hosts): stages next to each
-other that ask for the same engine, whatever their per-call settings and sampling; never an
-endpoint, never across a stage that does not use it. The shared path itself runs for real
-in tests/e2e/test_studies.py (XRAG: generate and judge on one tiny vLLM engine)."""
+"""Which stages of a run share an LLM engine (core/hosts.plan_hosts): every stage of the run
+that asks for the same engine, whatever their per-call settings and sampling, also across
+stages that do not use it; never an endpoint. When room is needed, the engine whose next
+use is farthest away is stopped first. The shared path itself runs for real in
+tests/e2e/test_studies.py (XRAG: generate and judge on one tiny vLLM engine) and
+tests/integration/test_engine_lifetimes.py (hosts killed, restarted, evicted)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def test_neighbouring_stages_share_an_engine_across_per_call_settings():
     span = ("generate", "judge")
     assert hosts.spans == {(host_key(gen), "generate"): span, (host_key(gen), "judge"): span}
     # The hosts are sized from every entry of the span (the judges' as well).
-    assert hosts.specs[(host_key(gen), span)] == [gen, judge_a, judge_b]
+    assert hosts.specs[host_key(gen)] == [gen, judge_a, judge_b]
     hosts.stage_start("judge")
     assert hosts.shares(judge_b) and not hosts.shares(other)
     hosts.stage_start("generate")
@@ -35,14 +37,37 @@ def test_an_engine_setting_that_changes_the_engine_is_not_shared():
     assert plan_hosts([("generate", [a]), ("judge", [b])]).spans == {}
 
 
-def test_no_host_is_kept_through_a_stage_that_does_not_use_it():
+def test_an_engine_lives_from_its_first_use_to_its_last_across_other_stages():
     a = spec("a")
     hosts = plan_hosts([("generate", [a]), ("features", []), ("judge", [spec("j")])])
+    assert set(hosts.spans.values()) == {("generate", "judge")}
+    hosts.stage_start("features")
+    assert not hosts.shares(a)  # kept through features, not used by it
+    assert hosts.next_use(host_key(a)) == 2
+    # An engine that one stage alone asks for stays in that stage's pool.
+    hosts = plan_hosts([("generate", [a]), ("features", [spec("f", model="org/nli")])])
     assert hosts.spans == {}
-    # ...but a run of three neighbours shares one span.
-    hosts = plan_hosts([("generate", [a]), ("features", [spec("f")]), ("judge", [spec("j")]),
-                        ("rerank", [])])
-    assert set(hosts.spans.values()) == {("generate", "features", "judge")}
+
+
+def test_release_stops_the_engine_whose_next_use_is_farthest_first():
+    llm, other = spec("a"), spec("b", model="org/other")
+    hosts = plan_hosts([("generate", [llm, other]), ("rerank", [other]), ("features", []),
+                        ("judge", [llm])])
+    ka, kb = host_key(llm), host_key(other)
+    killed = []
+    hosts._kill = lambda key: (killed.append(key), hosts.live.pop(key), hosts.holds.pop(key))
+    hosts.live = {ka: ["host-a"], kb: ["host-b"]}
+    hosts.holds = {ka: {"CPU": 1.0}, kb: {"CPU": 1.0}}
+    hosts._free = lambda: {"CPU": 1.0, "GPU": 0.0}  # a whole CPU left: nothing to stop
+    hosts.stage_start("features")  # a next used by judge (3); b never again
+    assert hosts.next_use(kb) == 4 and hosts.next_use(ka) == 3
+    assert hosts.release(until=lambda: len(hosts.live) < 2)
+    assert killed == [kb] and list(hosts.live) == [ka]
+    # A stage after its last use stops it: b's last use was rerank.
+    hosts.live[kb], hosts.holds[kb] = ["host-b"], {"CPU": 1.0}
+    hosts.stage = "rerank"
+    hosts.stage_done("rerank")
+    assert killed == [kb, kb] and list(hosts.live) == [ka]
 
 
 def test_endpoints_are_never_hosted():
@@ -63,8 +88,10 @@ def test_index_retrieve_and_narrow_share_one_embedder_across_per_call_settings()
     span = ("index", "retrieve")
     assert host_key(index) == host_key(retrieve)
     assert set(hosts.spans.values()) == {span}
-    assert hosts.specs[(host_key(index), span)] == [index, retrieve]  # sized from both pools
-    # fp16 or another model is another loaded model; a stage between them ends the span
+    assert hosts.specs[host_key(index)] == [index, retrieve]  # sized from both pools
+    # fp16 or another model is another loaded model
     assert plan_hosts([("index", [index]), ("retrieve", [m3(fp16=True)])]).spans == {}
     assert plan_hosts([("index", [index]), ("retrieve", [m3(model="/other")])]).spans == {}
-    assert plan_hosts([("index", [index]), ("rerank", []), ("narrow", [m3()])]).spans == {}
+    # a stage between them does not end the span: BGE-M3 is loaded once for index..narrow
+    assert set(plan_hosts([("index", [index]), ("rerank", []), ("narrow", [m3()])])
+               .spans.values()) == {("index", "narrow")}

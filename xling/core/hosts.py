@@ -1,21 +1,24 @@
-"""Engines that outlive a stage: neighbouring stages of one `xling run` (or sweep) that ask
-for the same local LLM (generate, judge, LLM-scored features) or the same embedder (index,
+"""Engines that outlive a stage: the stages of one `xling run` (or sweep) that ask for the
+same local LLM (generate, judge, LLM-scored features) or the same embedder (index,
 retrieve, narrow: `EmbedderSpec`) share its engine instead of each starting one.
 
 Each stage is its own Ray Data pipeline, and Ray Data ends an actor pool with its dataset: a
 vLLM engine inside the pool would start again in the next stage, which on the demo cost
-12 s of judge's 21 s. So for an engine that stages next to each other ask for, the run
-plans `EngineHost` actors (`plan_hosts`): plain Ray actors that hold the engine, started
-when the first of those stages maps its first batch and stopped after the last. The
-stages' pools are then forwarders (core/llm.StoreGenerator with a `HostedEngine`): they
-keep the cache, the parsing and the rows, and send the uncached prompts to a host. Requests
-of every forwarder's batches are in the host's engine at once, as they are in a pool's own.
+12 s of judge's 21 s. So for an engine that two or more stages of the run's plan ask for,
+the run keeps `EngineHost` actors (`plan_hosts`): plain Ray actors that hold the engine,
+started when the first of those stages maps its first batch and stopped after the last,
+also through the stages between that do not use it. The stages' pools are then forwarders
+(core/llm.StoreGenerator with a `HostedEngine`): they keep the cache, the parsing and the
+rows, and send the uncached prompts to a host. Requests of every forwarder's batches are in
+the host's engine at once, as they are in a pool's own.
 
 A host holds its CPUs and GPUs outside Ray Data's view. The runner counts them as taken when
-it runs a stage's groups side by side, and stops idle hosts when a group cannot start for
-what they hold (`Runner._run_groups`). An engine that no neighbouring stage asks for stays
-inside its stage's pool (Ray Data sizes it between the entry's concurrency bounds), and
-endpoint backends (openai) never get a host.
+it runs a stage's groups side by side, and when a group cannot start for what the hosts
+hold, it stops hosts, the one whose next use is farthest away first (Belady's rule), until
+the group fits (`Runner._run_groups`); each stage also keeps a whole CPU free of hosts for
+its own tasks. A stopped engine starts again at its next use. An engine that one stage
+alone asks for stays inside its stage's pool (Ray Data sizes it between the entry's
+concurrency bounds), and endpoint backends (openai) never get a host.
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ def embedder_of(section, *, key: str, parallel: Parallelism | None = None) -> Em
     return embedder_spec(section.model, resolve_model(section.model, key=key),
                          parallel or section.parallel, use_fp16=section.fp16,
                          device=None if section.device == "auto" else section.device)
+
+
+def shareable(spec) -> bool:
+    """An engine a host may hold: a local LLM or an embedder, never an endpoint."""
+    return isinstance(spec, EmbedderSpec) or not spec_class(spec.backend).REMOTE
 
 
 def host_key(spec: EngineSpec | EmbedderSpec) -> str:
@@ -149,33 +157,42 @@ class HostedEngine(LLMEngine):
 
 
 class EngineHosts:
-    """The run's shared engines: which consecutive stages share each (the plan), and the
+    """The run's shared engines: the stages that use each (from the run's plan), and the
     live hosts.
 
-    Only stages that follow one another share a host. A host holds its CPUs and GPUs
-    outside Ray Data's view, so one kept alive through a stage that does not use it would
-    shrink that stage's cluster unseen (on 2 CPUs, a reader that needs a whole CPU never
-    starts: the pipeline waits forever)."""
+    An engine that two or more of the run's stages use lives from its first use to its last
+    (`stage_done` stops it after its last), also through stages between that do not use it.
+    A host holds its CPUs and GPUs outside Ray Data's view, so when a group of a stage
+    cannot start for what the hosts hold, the runner asks `release` to stop hosts, the one
+    whose next use is farthest away first, until the group fits; a stopped host starts
+    again at its next use."""
 
-    def __init__(self, order: list[str], spans: dict[tuple[str, str], tuple[str, ...]],
-                 specs: dict[tuple[str, tuple], list[EngineSpec]], log=print):
+    def __init__(self, order: list[str], uses: dict[str, list[str]],
+                 specs: dict[str, list[EngineSpec]], log=print):
         self.order = order  # the run's Ray stages
-        self.spans = spans  # (engine key, stage) -> the consecutive stages that share it
-        self.specs = specs  # (engine key, span) -> the entries of those stages
+        self.uses = uses  # engine key -> the stages that use it, in run order (2 or more)
+        self.specs = specs  # engine key -> the entries of those stages
         self.log = log
         self.stage: str | None = None
         self.live: dict[str, list] = {}  # engine key -> its hosts
         self.holds: dict[str, dict] = {}  # engine key -> the CPUs and GPUs its hosts hold
         self.stopped: set[str] = set()  # engine keys whose hosts `release` stopped
+        self.starts: dict[str, int] = {}  # engine key -> times its hosts were started
         self.lock = threading.Lock()  # a stage's groups run on threads side by side
+
+    @property
+    def spans(self) -> dict[tuple[str, str], tuple[str, ...]]:
+        """(engine key, stage) -> the stages that share that engine."""
+        return {(key, stage): tuple(stages) for key, stages in self.uses.items()
+                for stage in stages}
 
     def describe(self) -> list[str]:
         """One line per shared engine: which stages share it."""
-        return [f"start {specs[0].label} ({specs[0].model}) once for {', '.join(span)}"
-                for (_, span), specs in self.specs.items()]
+        return [f"start {specs[0].label} ({specs[0].model}) once for "
+                f"{', '.join(self.uses[key])}" for key, specs in self.specs.items()]
 
     def shares(self, spec: EngineSpec) -> bool:
-        return (host_key(spec), self.stage) in self.spans
+        return self.stage in self.uses.get(host_key(spec), ())
 
     def is_live(self, spec: EngineSpec) -> bool:
         return host_key(spec) in self.live
@@ -188,12 +205,27 @@ class EngineHosts:
                 out[k] = out.get(k, 0) + v
         return out
 
-    def release(self, keep: EngineSpec | None = None) -> bool:
-        """Stop the live hosts (but `keep`'s) to free what they hold; whether any was."""
+    def next_use(self, key: str) -> int:
+        """The index (in the run's stages) of the engine's next use from the current stage
+        on; past the end when it has none."""
+        here = self.order.index(self.stage) if self.stage in self.order else -1
+        later = [self.order.index(s) for s in self.uses.get(key, ()) if s in self.order
+                 and self.order.index(s) >= here]
+        return min(later) if later else len(self.order)
+
+    def release(self, keep: EngineSpec | None = None, until=None, keep_used: bool = False) -> bool:
+        """Stop live hosts (never `keep`'s, nor with `keep_used` those the current stage
+        uses), the one whose next use is farthest away first, until `until()` holds (all of
+        them without `until`); whether any was stopped."""
         kept = host_key(keep) if keep is not None else None
-        gone = [k for k in self.live if k != kept]
-        for key in gone:
+        order = sorted((k for k in self.live if k != kept and not (
+            keep_used and self.stage in self.uses.get(k, ()))), key=self.next_use, reverse=True)
+        gone = []
+        for key in order:
+            if until is not None and until():
+                break
             self._kill(key)
+            gone.append(key)
         self.stopped.update(gone)
         return bool(gone)
 
@@ -201,16 +233,17 @@ class EngineHosts:
         """The hosts of a shared engine (started on first use), or None for an engine that
         stays in its stage's pool."""
         key = host_key(spec)
-        span = self.spans.get((key, self.stage))
-        if span is None:
+        if self.stage not in self.uses.get(key, ()):
             return None
         with self.lock:
             if key not in self.live:
-                started = self._start(self.specs[(key, span)], span)
+                started = self._start(self.specs[key], tuple(self.uses[key]))
                 if started is None:  # stays in each stage's pool, as without a plan
-                    self.spans = {k: v for k, v in self.spans.items() if k[0] != key}
+                    self.uses.pop(key, None)
+                    self.specs.pop(key, None)
                     return None
                 self.live[key], self.holds[key] = started
+                self.starts[key] = self.starts.get(key, 0) + 1
             return self.live[key]
 
     def _start(self, specs: list[EngineSpec], span: tuple[str, ...]) -> tuple[list, dict] | None:
@@ -223,7 +256,10 @@ class EngineHosts:
         cpus = max(s.parallel.num_cpus for s in specs)
         gpus = max(s.gpus() for s in specs)
         want = max(s.parallel.concurrency[1] for s in specs)
-        total = ray.cluster_resources()
+        # Hosts kept for later stages make room first, the farthest next use first.
+        self.release(until=lambda: self._free()["CPU"] - cpus >= 1
+                     and self._free()["GPU"] >= gpus, keep_used=True)
+        total = self._free()
         fits = []
         if cpus:
             fits.append(math.floor((total.get("CPU", 0) - 1) / cpus))
@@ -244,15 +280,26 @@ class EngineHosts:
                      f"{', '.join(span)}, started once for them")
         return start_hosts(first, n, cpus, gpus), {"CPU": n * cpus, "GPU": n * gpus}
 
+    def _free(self) -> dict[str, float]:
+        """The cluster's CPUs and GPUs that no live host holds."""
+        import ray
+
+        total, held = ray.cluster_resources(), self.held()
+        return {k: total.get(k, 0) - held.get(k, 0) for k in ("CPU", "GPU")}
+
     def stage_start(self, stage: str) -> None:
+        """A stage's own tasks (its partition pass, reads, writes) need a whole CPU that no
+        host holds: hosts kept for later stages make room, the farthest next use first."""
         self.stage = stage
+        if self.live and self.release(until=lambda: self._free()["CPU"] >= 1, keep_used=True):
+            self.log(f"[xling] stopped shared engines kept for later stages to leave {stage} "
+                     "a CPU (each starts again at its next use)")
 
     def stage_done(self, stage: str) -> None:
-        """Kill the hosts that the next stage does not share."""
+        """Stop the hosts whose last use was this stage (or earlier)."""
         i = self.order.index(stage)
-        after = self.order[i + 1] if i + 1 < len(self.order) else None
         for key in list(self.live):
-            if self.spans.get((key, after)) != self.spans.get((key, stage)):
+            if all(self.order.index(s) <= i for s in self.uses.get(key, ()) if s in self.order):
                 self._kill(key)
         self.stage = None
 
@@ -272,30 +319,21 @@ _active: EngineHosts | None = None
 
 
 def plan_hosts(stage_engines: list[tuple[str, list[EngineSpec]]], log=print) -> EngineHosts:
-    """(stage name, LLM entries its pools run), in run order -> the engines that stages
-    next to each other ask for (see `EngineHosts`)."""
+    """(stage name, engine entries its pools run), in run order -> the engines that two or
+    more of the stages ask for, each for its whole span (see `EngineHosts`)."""
     order = [name for name, _ in stage_engines]
-    asked: list[dict[str, list[EngineSpec]]] = []
-    for _, entries in stage_engines:
-        by_key: dict[str, list[EngineSpec]] = {}
+    uses: dict[str, list[str]] = {}
+    specs: dict[str, list[EngineSpec]] = {}
+    for name, entries in stage_engines:
         for spec in entries:
-            if isinstance(spec, EmbedderSpec) or not spec_class(spec.backend).REMOTE:
-                by_key.setdefault(host_key(spec), []).append(spec)
-        asked.append(by_key)
-    spans, specs = {}, {}
-    for key in {k for by_key in asked for k in by_key}:
-        run: list[int] = []
-        for i in range(len(order) + 1):
-            if i < len(order) and key in asked[i]:
-                run.append(i)
-                continue
-            if len(run) > 1:
-                span = tuple(order[j] for j in run)
-                specs[(key, span)] = [s for j in run for s in asked[j][key]]
-                for name in span:
-                    spans[(key, name)] = span
-            run = []
-    return EngineHosts(order, spans, specs, log)
+            if shareable(spec):
+                key = host_key(spec)
+                specs.setdefault(key, []).append(spec)
+                if name not in uses.setdefault(key, []):
+                    uses[key].append(name)
+    shared = {k for k, stages in uses.items() if len(stages) > 1}
+    return EngineHosts(order, {k: v for k, v in uses.items() if k in shared},
+                       {k: v for k, v in specs.items() if k in shared}, log)
 
 
 @contextlib.contextmanager

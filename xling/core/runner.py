@@ -55,6 +55,7 @@ import xxhash
 from xling.core.config import ConfigError, stable_hash
 from xling.core.pools import LIGHT_CPUS
 from xling.core.provenance import provenance
+from xling.core.memo import per_config
 from xling.core.store import RunStore
 
 if TYPE_CHECKING:
@@ -172,6 +173,16 @@ class Stage(ABC):
     # Counts made from each part by its commit task and kept in its marker (`stats`), so
     # that `finalize` sums them (`part_stats`) instead of reading every part back.
     part_counts: Callable[[pa.Table], dict[str, int]] | None = None
+
+    def __init_subclass__(cls, **kw):
+        # Within a command, a stage's cells are built once per config (core/memo.py): the
+        # stages downstream ask for them again and again to find their inputs.
+        super().__init_subclass__(**kw)
+        for name in ("cells", "all_cells"):
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "__isabstractmethod__", False) \
+                    and not getattr(method, "__memoized__", False):
+                setattr(cls, name, per_config(method))
 
     @abstractmethod
     def cells(self, cfg: XlingConfig) -> list[Cell]: ...
@@ -359,16 +370,20 @@ class Runner:
     # ---- public --------------------------------------------------------------------
     def plan(self, stage: Stage, cfg: XlingConfig) -> list[dict]:
         """What a run would do, without starting Ray or writing anything."""
-        out = []
-        for cell in stage.cells(cfg):
-            state = cell_state(self.store, cell.dir)
-            todo = "nothing (done)" if state["state"] == "done" and not self.force else (
-                f"{cell.n_shards - state['shards_done']} of {cell.n_shards} shards"
-                if not self.force else f"all {cell.n_shards} shards (--force)")
-            out.append({"cell": cell.id, "dir": self.store.url(cell.dir), "state": state["state"],
-                        "shards_done": state["shards_done"], "n_shards": cell.n_shards,
-                        "todo": todo, "inputs": cell.inputs})
-        return out
+        return [self.describe(cell) for cell in stage.cells(cfg)]
+
+    def describe(self, cell: Cell, inputs: dict[str, str] | None = None) -> dict:
+        """A cell's state and what a run would do with it; `inputs` are the plan's edges
+        (role -> upstream cell dir), listed after the cell's own inputs."""
+        state = cell_state(self.store, cell.dir)
+        todo = "nothing (done)" if state["state"] == "done" and not self.force else (
+            f"{cell.n_shards - state['shards_done']} of {cell.n_shards} shards"
+            if not self.force else f"all {cell.n_shards} shards (--force)")
+        edges = [f"{role}: {self.store.url(d)}" for role, d in (inputs or {}).items()
+                 if d not in cell.inputs]
+        return {"cell": cell.id, "dir": self.store.url(cell.dir), "state": state["state"],
+                "shards_done": state["shards_done"], "n_shards": cell.n_shards,
+                "todo": todo, "inputs": [*cell.inputs, *edges]}
 
     def run(self, stage: Stage, cfg: XlingConfig | list) -> list[CellReport]:
         """Run every cell of a stage: skip done ones, partition, process, commit, finish.
@@ -504,8 +519,9 @@ class Runner:
 
         total = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
         log_release = functools.partial(
-            self.detail, f"[{stage.name}] stopped idle shared engines to make room for the "
-                         "next group (a later stage that shares them starts them again)")
+            self.detail, f"[{stage.name}] stopped idle shared engines (the farthest next use "
+                         "first) to make room for the next group; each starts again at its "
+                         "next use")
 
         def engine(gi: int):  # the shared engine the group's pool forwards to, if any
             if hosts is None:
@@ -528,7 +544,7 @@ class Runner:
                        for k, v in demand(gi).items())
 
         if len(groups) == 1:  # on this thread, so that Ctrl-C stops it
-            if not fits(0, {}) and hosts.release(keep=engine(0)):
+            if not fits(0, {}) and hosts.release(keep=engine(0), until=lambda: fits(0, {})):
                 log_release()
             self._run_group(stage, groups[0], cfg_of, inputs, reports)
             return
@@ -542,7 +558,8 @@ class Runner:
                     if not fits(gi, running):
                         if running:
                             continue
-                        if hosts is not None and hosts.release(keep=engine(gi)):
+                        if hosts is not None and hosts.release(
+                                keep=engine(gi), until=functools.partial(fits, gi, running)):
                             log_release()
                     running[pool.submit(self._run_group, stage, groups[gi], cfg_of, inputs,
                                         reports)] = gi

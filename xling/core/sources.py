@@ -20,6 +20,7 @@ import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import ConfigError, Strict, check_lang
+from xling.core.memo import remember
 from xling.core.runner import RID, Source
 from xling.core.store import RunStore
 from xling.studies.registry import DOCUMENT_FORMATS, get_study
@@ -116,7 +117,12 @@ def _split_glob(uri: str) -> tuple[str, str]:
 
 
 def list_files(pattern: str, *, where: str, lang: str | None = None) -> list[str]:
-    """Files matching a local glob or an s3:// glob, sorted. None is a ConfigError."""
+    """Files matching a local glob or an s3:// glob, sorted. None is a ConfigError. Within a
+    command (core/memo.run_scope) each pattern is listed once."""
+    return list(remember(("list", pattern), lambda: _list_files(pattern, where, lang)))
+
+
+def _list_files(pattern: str, where: str, lang: str | None) -> list[str]:
     if pattern.startswith("s3://"):
         head, pat = _split_glob(pattern)
         store = RunStore(head)
