@@ -219,15 +219,16 @@ def _edges(cell: Cell, by_id: dict[str, str], by_dir: set[str]) -> tuple[dict, l
 def build_plan(cfgs: "list[XlingConfig]", stages: list[str], registry: dict) -> Plan:
     """The plan of `stages` (this command's) over `cfgs` (one config, or a sweep's grid).
 
-    Besides this command's stages, the stages of each config's `stages:` are planned too,
-    so that an input made by an earlier command is a node the plan knows (not run here).
+    Besides this command's stages, every stage of each config (its `stages:`, and each
+    stage with a section) is planned too, so that an input made by an earlier command is a
+    node the plan knows (not run here).
     Cells are the stages' own `cells` (each built once, core/memo.py); a cell that several
     grid points ask for is one node."""
     from xling.core.hosts import host_key, shareable
 
     order = [s for s in stages]
     for cfg in cfgs:
-        for s in cfg.stages:
+        for s in [*cfg.stages, *(s for s in registry if getattr(cfg, s, None) is not None)]:
             if s not in order:
                 order.append(s)
     rank = {s: i for i, s in enumerate(registry)}
