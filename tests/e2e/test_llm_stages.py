@@ -161,7 +161,10 @@ def _vllm_dict() -> dict:
 
 
 def test_rerank_trec_input_with_vllm(tmp_path, tiny_models):
-    """Listwise and pairwise over a TREC run file, the tiny vLLM model as the reranker."""
+    """Listwise and pairwise over a TREC run file, the tiny vLLM model as the reranker; in
+    the same run, generate asks for the same model, so both stages use one engine held by
+    the run (core/hosts.py): the reranker's pool forwards its windows and its token counts
+    (listwise `fit: shrink`) to it."""
     corpus = tmp_path / "docs.jsonl"
     docs = []
     with corpus.open("w") as f:
@@ -214,8 +217,21 @@ rerank:
       depth: 8
       passes: 2
       doc_tokens: 16
+generate:
+  shards: 1
+  prompts: [{{name: hello, path: "{tmp_path}/prompts.jsonl"}}]
+  sampling: {{max_tokens: 4}}
+  models:
+    - name: tiny
+      {VLLM.replace("max_model_len: 512", "max_model_len: 1024")}
+stages: [rerank, generate]
 """)
-    ok("rerank", "--config", str(cfg))
+    (tmp_path / "prompts.jsonl").write_text(
+        '{"item_id": "h1", "prompt": "Hello"}\n{"item_id": "h2", "prompt": "Hei"}\n')
+    out = ok("run", "--config", str(cfg))
+    assert "1 engine(s) shared by rerank, generate, started once for them" in out, out
+    assert read_cell(RunStore(str(tmp_path / "run")), generate_cell(
+        RunStore(str(tmp_path / "run")), "hello", "tiny")).num_rows == 2
     store = RunStore(str(tmp_path / "run"))
     found = cells(store, "rerank")
     lw = read_cell(store, found["listwise"]).to_pylist()

@@ -98,6 +98,18 @@ class EngineHost:
         """Answers once `__init__` is done: the engine is up."""
         return True
 
+    def describe(self) -> dict:
+        """What a forwarder needs besides completions: the context length, and whether the
+        engine tokenizes (a reranker's window fit counts tokens with it)."""
+        return {"max_model_len": getattr(self.engine, "max_model_len", None),
+                "tokenize": hasattr(self.engine, "tokenize")}
+
+    def truncate(self, texts: list[str], n_tokens: int) -> list[str]:
+        return self.engine.truncate(texts, n_tokens)
+
+    def tokenize(self, prompts: list[Prompt], prefix: str | None = None) -> list[list[int]]:
+        return [self.engine.tokenize(p, prefix) for p in prompts]
+
 
 CALL_RETRIES = 3  # times a call is sent again after its host died (see start_hosts)
 
@@ -138,8 +150,25 @@ class HostedEngine(LLMEngine):
     fewest of this caller's calls in flight."""
 
     def __init__(self, hosts: list, model: str):
+        import ray
+
         self.hosts, self.model = hosts, model
         self.in_flight = [0] * len(hosts)
+        info = ray.get(hosts[0].describe.remote())
+        if info["max_model_len"] is not None:
+            self.max_model_len = info["max_model_len"]
+        if info["tokenize"]:  # as the engine itself: callers ask hasattr(engine, "tokenize")
+            self.tokenize = self._tokenize
+
+    def truncate(self, texts: list[str], n_tokens: int) -> list[str]:
+        import ray
+
+        return ray.get(self.hosts[0].truncate.remote(texts, n_tokens))
+
+    def _tokenize(self, prompt: Prompt, prefix: str | None = None) -> list[int]:
+        import ray
+
+        return ray.get(self.hosts[0].tokenize.remote([prompt], prefix))[0]
 
     async def acomplete(self, prompts: list[Prompt], sampling: Sampling,
                         **options) -> list[Completion]:

@@ -366,6 +366,8 @@ class Runner:
         # (with how many records), when it ended, and each operator's busy seconds, from
         # which benchmarks read the steady-state rate.
         self.streams: list[dict] = []
+        # Per stage: where the wait for its first output went (see `run`).
+        self.startup: dict[str, dict] = {}
 
     # ---- public --------------------------------------------------------------------
     def plan(self, stage: Stage, cfg: XlingConfig) -> list[dict]:
@@ -430,6 +432,7 @@ class Runner:
             f"[{stage.name}] {len(cells)} cell(s), all already done (skipped)" if not todo
             else f"[{stage.name}] {len(cells)} cell(s): {len(todo)} to run"
             + (f", {skipped} already done (skipped)" if skipped else ""))
+        t_prepare = time.time()
         try:
             inputs = self._prepare(stage, todo, cfg_of, reports)
         except Exception as e:  # e.g. a source that cannot be read: those cells fail
@@ -466,9 +469,20 @@ class Runner:
             skipped = len(ordered) - len(ran) - len(failed)
             # Start-up (Ray Data's planning, the pools' model loads) is what comes before
             # the first output: the part of the stage's time that does not grow with data.
-            firsts = [st["first_output"] for st in self.streams[first_stream:]
-                      if st["first_output"]]
-            startup = f" (first output after {min(firsts) - t0:.0f}s)" if firsts else ""
+            streams = [st for st in self.streams[first_stream:] if st["first_output"]]
+            startup = ""
+            if streams:
+                first = min(streams, key=lambda st: st["first_output"])
+                # where it waited: planning and partitioning the inputs, then the pipeline's
+                # start (executor, actor pools, model loads) until its first output
+                self.startup[stage.name] = {
+                    "first_output_s": round(first["first_output"] - t0, 2),
+                    "plan_s": round(t_prepare - t0, 2),
+                    "partition_s": round(first["started"] - t_prepare, 2),
+                    "pipeline_s": round(first["first_output"] - first["started"], 2)}
+                startup = (f" (first output after {first['first_output'] - t0:.0f}s: "
+                           f"inputs {first['started'] - t0:.0f}s, pipeline start "
+                           f"{first['first_output'] - first['started']:.0f}s)")
             self.log(f"[{stage.name}] committed {len(ran)} cell(s): "
                      f"{sum(r.rows for r in ran):,} rows, {sum(r.errors for r in ran):,} errors, "
                      f"{time.time() - t0:.0f}s{startup}, {self._progress.summary()}"

@@ -600,7 +600,10 @@ def write_report(store: RunStore, cfgs: "XlingConfig | list[XlingConfig] | None"
         pair_tables = store.read_bytes("evaluate/tables.md").decode()
     _figures(store, studies)
     prov = provenance_block(store, cfgs, done)
-    info = {"written": now(), "done": len(done), "cells": len(rows),
+    runs = sorted(store.list_dirs("_runs"))
+    plans = [r for r in runs if store.exists(f"_runs/{r}/plan.json")]
+    info = {"plan": f"_runs/{plans[-1]}/plan.json" if plans else None,
+            "written": now(), "done": len(done), "cells": len(rows),
             "rows": sum(r["rows"] for r in done), "errors": sum(r["errors"] for r in done),
             "old": len(old), "missing": missing,
             "configs": list(dict.fromkeys(c.name for c in cfgs))}
@@ -613,7 +616,9 @@ def write_report(store: RunStore, cfgs: "XlingConfig | list[XlingConfig] | None"
 
 def _markdown(store, info, studies, pair_tables, rows, done, old, prov) -> str:
     lines = ["# xling run report", "", f"run root: {store.url()}", f"written: {info['written']}",
-             f"HTML report: {store.url('report/index.html')}", "",
+             f"HTML report: {store.url('report/index.html')}",
+             *([f"the last run's plan (cells, inputs, engines): {store.url(info['plan'])}"]
+               if info["plan"] else []), "",
              f"{info['done']} of {info['cells']} cells done, {info['rows']} rows, "
              f"{info['errors']} error rows"
              + (f"; {info['old']} cells from superseded configs (not shown)." if old else ".")]
@@ -674,7 +679,8 @@ def _html(store, info, studies, pair_tables, rows, old, prov) -> str:
     title = "xling report" + (f": {', '.join(info['configs'])}" if info["configs"] else "")
     body = [f"<header><h1>{html.escape(title)}</h1>",
             f"<p>run root: {html.escape(store.url())} · written {html.escape(info['written'])}"
-            "</p>",
+            + (f' · <a href="../{html.escape(info["plan"])}">the last run\'s plan</a>'
+               if info["plan"] else "") + "</p>",
             f"<p>{info['done']} of {info['cells']} cells done, {info['rows']} rows, "
             f"{info['errors']} error rows"
             + (f' · <a href="#superseded"><strong>{info["old"]} cells from superseded '

@@ -49,6 +49,7 @@ from xling.core.llm import (
 from xling.core.pools import actor_pool, pool_resources
 from xling.core.config import ConfigError
 from xling.core.engines import spec_classes
+from xling.core.hosts import shared_hosts
 from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, read_cell
 from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
 from xling.core.store import RunStore
@@ -348,14 +349,31 @@ class RerankStage(Stage):
                   "options": rc.model.call_options()}
                  for c in cells]
         p = rc.model.parallel
+        hosts = shared_hosts(rc.model)
+        if hosts:  # the engine lives in the run's hosts (core/hosts.py): the pool forwards
+            import ray.data
+
+            compute = ray.data.ActorPoolStrategy(size=len(hosts),
+                                                 max_concurrent_calls_per_actor=BATCHES_IN_FLIGHT)
+            resources = dict(num_cpus=0, num_gpus=0)
+        else:
+            compute = actor_pool(p, key="rerank.model.parallel",
+                                 calls_per_actor=BATCHES_IN_FLIGHT)
+            resources = dict(num_cpus=p.num_cpus, num_gpus=num_gpus(rc.model))
         return ds.map_batches(
             LLMReranker, batch_format="pyarrow", batch_size=rc.batch_queries,
             fn_constructor_kwargs=dict(store_uri=RunStore(cfg.run_root).uri,
                                        engine=engine_spec(rc.model), cache=rc.cache,
                                        env=actor_env(rc.model), cache_name=rc.model.model,
-                                       calls=calls),
-            compute=actor_pool(p, key="rerank.model.parallel", calls_per_actor=BATCHES_IN_FLIGHT),
-            num_cpus=p.num_cpus, num_gpus=num_gpus(rc.model))
+                                       calls=calls, hosts=hosts),
+            compute=compute, **resources)
+
+    def engines(self, cfg: XlingConfig) -> list:
+        """The reranker's engine, shared with the run's other stages that load it."""
+        return [cfg.rerank.model] if self.cells(cfg) else []
+
+    def engine_of(self, cells: list[Cell], cfg: XlingConfig):
+        return cfg.rerank.model
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         from xling.jobs.retrieve import export_trec
