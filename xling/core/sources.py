@@ -118,17 +118,19 @@ def _split_glob(uri: str) -> tuple[str, str]:
 
 def list_files(pattern: str, *, where: str, lang: str | None = None) -> list[str]:
     """Files matching a local glob or an s3:// glob, sorted. None is a ConfigError. Within a
-    command (core/memo.run_scope) each pattern is listed once."""
+    command (core/memo.run_scope) each pattern is matched once, and each S3 prefix listed
+    once."""
     return list(remember(("list", pattern), lambda: _list_files(pattern, where, lang)))
 
 
 def _list_files(pattern: str, where: str, lang: str | None) -> list[str]:
     if pattern.startswith("s3://"):
         head, pat = _split_glob(pattern)
-        store = RunStore(head)
         try:
-            found = sorted(f"{head}/{rel}" for rel in store.list("")
-                           if fnmatch.fnmatchcase(rel, pat))
+            # one listing per prefix and command: the patterns under one prefix (a topics
+            # folder's sets, say) filter the same listing
+            listed = remember(("list-prefix", head), lambda: RunStore(head).list(""))
+            found = sorted(f"{head}/{rel}" for rel in listed if fnmatch.fnmatchcase(rel, pat))
         except Exception as e:  # noqa: BLE001 - the store's own error says what to fix
             raise ConfigError(f"{where}.path: cannot list {head}: {e}") from None
     elif "://" in pattern:
