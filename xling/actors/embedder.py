@@ -143,6 +143,10 @@ class EmbedderHost:
             self.views[key] = self.embedder.with_settings(**per_call)
         return self.views[key]
 
+    def ready(self) -> bool:
+        """Answers once `__init__` is done: the model is loaded (every host kind has it)."""
+        return True
+
     def embed(self, batch: pa.Table, per_call: dict) -> pa.Table:
         return self._view(per_call)(batch)
 

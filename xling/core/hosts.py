@@ -114,9 +114,13 @@ class EngineHost:
 CALL_RETRIES = 3  # times a call is sent again after its host died (see start_hosts)
 
 
-def start_hosts(spec: EngineSpec, n: int, cpus: float, gpus: float) -> list:
+def start_hosts(spec: EngineSpec, n: int, cpus: float, gpus: float, *,
+                name: str | None = None) -> list:
     """`n` host actors for `spec`'s engine (EngineHost, or EmbedderHost for an
-    `EmbedderSpec`), up (or this raises).
+    `EmbedderSpec`), up (or this raises). Every kind of host is started and awaited the same
+    way: constructed from plain data, `ready()` once its engine is loaded. `name` names the
+    actors (`<name>-<i>`, seen in the Ray dashboard); they are the driver's, not detached,
+    so a driver that dies takes its hosts and their GPUs with it.
 
     A host whose process dies (the engine crashed or ran out of memory, its node was lost)
     is started again and the calls it had in flight are sent again, as Ray Data does for its
@@ -127,20 +131,20 @@ def start_hosts(spec: EngineSpec, n: int, cpus: float, gpus: float) -> list:
     that `__init__` raises (a bad model, say) is not a death: the stage fails at once."""
     import ray
 
-    restart = dict(num_cpus=cpus, num_gpus=gpus, max_restarts=-1,
-                   max_task_retries=CALL_RETRIES)
+    options = dict(num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=CALL_RETRIES)
     if isinstance(spec, EmbedderSpec):
         # One batch at a time: the model's threads are the host's CPUs, and a forwarder's
         # next batch waits in the actor's queue, not in a second forward pass beside it.
         from xling.actors.embedder import EmbedderHost
 
-        hosts = [ray.remote(EmbedderHost).options(**restart).remote(spec.load)
-                 for _ in range(n)]
-        ray.get([h.describe.remote({}) for h in hosts])
-        return hosts
-    actor = ray.remote(EngineHost).options(max_concurrency=1000, **restart)
-    engine = {"backend": spec.backend, **spec.engine_args()}
-    hosts = [actor.remote(engine, spec.actor_env()) for _ in range(n)]
+        cls, args = EmbedderHost, (spec.load,)
+    else:
+        cls, args = EngineHost, ({"backend": spec.backend, **spec.engine_args()},
+                                 spec.actor_env())
+        options["max_concurrency"] = 1000
+    actor = ray.remote(cls)
+    hosts = [actor.options(**options, **({"name": f"{name}-{i}"} if name else {})).remote(*args)
+             for i in range(n)]
     ray.get([h.ready.remote() for h in hosts])
     return hosts
 
@@ -272,7 +276,6 @@ class EngineHosts:
                     self.specs.pop(key, None)
                     return None
                 self.live[key], self.holds[key] = started
-                self.starts[key] = self.starts.get(key, 0) + 1
             return self.live[key]
 
     def _start(self, specs: list[EngineSpec], span: tuple[str, ...]) -> tuple[list, dict] | None:
@@ -307,7 +310,10 @@ class EngineHosts:
         else:
             self.log(f"[xling] {first.label} ({first.model}): {n} engine(s) shared by "
                      f"{', '.join(span)}, started once for them")
-        return start_hosts(first, n, cpus, gpus), {"CPU": n * cpus, "GPU": n * gpus}
+        self.starts[host_key(first)] = self.starts.get(host_key(first), 0) + 1
+        name = f"xling-{first.label}-{host_key(first)}-{self.starts[host_key(first)]}"
+        return (start_hosts(first, n, cpus, gpus, name=name.replace(":", "-")),
+                {"CPU": n * cpus, "GPU": n * gpus})
 
     def _free(self) -> dict[str, float]:
         """The cluster's CPUs and GPUs that no live host holds."""

@@ -73,6 +73,7 @@ class Plan:
     nodes: list[Node]
     engines: list[EngineUse]
     unlisted: dict[str, str] = field(default_factory=dict)  # stage -> why it has no nodes
+    after_labels: dict[str, str] = field(default_factory=dict)  # stage -> what after_run makes
 
     def of(self, stage: str) -> list[Node]:
         return [n for n in self.nodes if n.stage == stage]
@@ -136,6 +137,9 @@ class Plan:
             if files:
                 what.append(f"{len(files)} source file(s)")
             text = f"{stage:<{width}}  {len(nodes):>4} cell(s)"
+            after = sum(n.after for n in nodes)
+            if after:
+                text += f" ({after} made after its pipeline: {self.after_labels.get(stage, '')})"
             text += f"; needs {', '.join(what)}" if what else ""
             if store is not None:
                 states: dict[str, int] = {}
@@ -273,7 +277,9 @@ def build_plan(cfgs: "list[XlingConfig]", stages: list[str], registry: dict) -> 
     shown = [s for s in stages if s not in planned and s != "report"]
     if shown:
         raise ConfigError(f"unknown stage(s) {', '.join(shown)}")
-    return Plan([s for s in order if s in stages], nodes, list(engines.values()), unlisted)
+    labels = {s: getattr(registry[s], "after_label", "") for s in planned}
+    return Plan([s for s in order if s in stages], nodes, list(engines.values()), unlisted,
+                labels)
 
 
 # ---------------------------------------------------------------------------------------

@@ -210,6 +210,8 @@ class Stage(ABC):
         missing input they will make is not an error yet.
         """
 
+    after_label: str = ""  # what `after_run` makes, for the plan's summary ("fusions")
+
     def after_run(self, cfg: XlingConfig, runner: "Runner") -> None:
         """Runs after every cell of the stage is done (e.g. fusions of the stage's runs)."""
 

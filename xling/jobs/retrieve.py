@@ -315,6 +315,8 @@ class RetrieveStage(Stage):
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         return export_trec(store, cell)
 
+    after_label = "fusions"
+
     def after_run(self, cfg: XlingConfig, runner) -> None:
         if cfg.retrieve.fusion:
             runner.run(FusionStage(), cfg)
