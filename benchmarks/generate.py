@@ -91,7 +91,7 @@ def bare(args, texts: list[str]) -> dict:
 
 
 def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
-    from xling.core.runner import read_cell
+    from xling.core.status import read_cell
     from xling.core.store import RunStore
 
     (tmp / f"{label}.jsonl").write_text("".join(

@@ -116,7 +116,8 @@ def bare(model: str, sents: list[str], a) -> dict:
 def xling_stage(model: str, corpus: Path, a) -> dict:
     """The whole stage on a fresh run root; wall time, rows and target tokens."""
     from xling.config import validate_config
-    from xling.core.runner import Runner, read_cell
+    from xling.core.runner import Runner
+    from xling.core.status import read_cell
     from xling.core.store import RunStore
     from xling.jobs.translate import TranslateStage
 

@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         print("xling: interrupted; committed shards are kept, rerun to resume", file=sys.stderr)
         return 130
     except Exception as e:
-        from xling.core.runner import StageFailed
+        from xling.core.cells import StageFailed
 
         if isinstance(e, StageFailed):
             print(f"xling: {e}\n  (see `xling status` and the cells' _failed.json)", file=sys.stderr)

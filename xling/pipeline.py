@@ -11,7 +11,7 @@ stage.
     show_status / export_results / convert_model
                                    `xling status`, `xling results`, `xling models convert`
 
-Stages that subclass `core.runner.DriverStage` (evaluate) run in this process, without Ray;
+Stages that subclass `core.cells.DriverStage` (evaluate) run in this process, without Ray;
 the others go through the Runner. Errors a user can fix are `ConfigError` / `StoreError`
 (cli.py prints them as one line, exit 2).
 """
@@ -48,7 +48,7 @@ def stage_registry() -> dict:
 
 def is_driver_stage(stage_cls) -> bool:
     """A stage that runs in the driver, cell by cell, without Ray."""
-    from xling.core.runner import DriverStage
+    from xling.core.cells import DriverStage
 
     return issubclass(stage_cls, DriverStage)
 
@@ -302,7 +302,7 @@ def sweep_metrics(cfg: XlingConfig, store: RunStore) -> list[dict]:
         return []
     import pyarrow.compute as pc
 
-    from xling.core.runner import read_cell
+    from xling.core.status import read_cell
 
     rows = []
     for cell in stage_registry()["evaluate"]().cells(cfg):
@@ -347,7 +347,7 @@ def validate(cfg: XlingConfig) -> int:
 
 def show_status(run_root: str, as_json: bool = False) -> int:
     """`xling status`: each cell's state, read from manifests and shard markers."""
-    from xling.core.runner import run_status
+    from xling.core.status import run_status
     from xling.jobs.report import status_table
 
     store = RunStore(run_root)

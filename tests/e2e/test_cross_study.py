@@ -23,7 +23,7 @@ import pytest
 
 from helpers import CROSS_CONFIG, manifests, narrow_cells, ok, ok_here
 from llm_server import LLMServer
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 # Its tests share module fixtures: one xdist worker runs them all (tests/conftest.py).

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from helpers import VLLM, cache_rows, generate_cell, ok, ok_here
 from llm_server import LLMServer
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 from xling.tasks.rerank import n_listwise_calls
 

@@ -34,7 +34,7 @@ from helpers import (
     xling,
 )
 from llm_server import LLMServer
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]

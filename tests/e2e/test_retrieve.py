@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import here, ok, ok_here, passages
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]

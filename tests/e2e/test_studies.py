@@ -16,7 +16,7 @@ from pathlib import Path
 
 from helpers import VLLM, manifests, ok, ok_here
 from llm_server import LLMServer
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ import pytest
 
 from helpers import MRTYDI_DOCS, here, ok_here, passages, run_ok, translate_cells
 from xling.actors.segments import decode_limit, segment_document
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]

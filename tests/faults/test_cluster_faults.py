@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 from helpers import markers, sentence_corpus
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 

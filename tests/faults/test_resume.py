@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from helpers import ROOT, kill_after_commits, markers, ok_here, sentence_corpus, xling
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 N_SHARDS = 12

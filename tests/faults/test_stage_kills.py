@@ -57,7 +57,7 @@ from helpers import (
     translate_cells,
     xling,
 )
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]

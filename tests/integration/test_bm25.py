@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from helpers import collection, contents, ok_here, queries, top
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 from xling.tasks.runs import hits_trec_bytes
 
@@ -210,7 +210,9 @@ def test_documents_lucene_skips_are_error_rows_and_the_rest_is_indexed(tmp_path,
     whose every document is skipped fails alone, naming the error column; before, one such
     document failed the Lucene pool's whole batch, and with it every cell in the batch."""
     from xling.config import validate_config
-    from xling.core.runner import Runner, StageFailed, part_files
+    from xling.core.cells import StageFailed
+    from xling.core.runner import Runner
+    from xling.core.status import part_files
     from xling.jobs.index import SKIPPED_BY_LUCENE, IndexStage
 
     docs = {"fi": [{"docid": f"fi-{i}", "title": "", "text": f"kissa koira talo {i}"}

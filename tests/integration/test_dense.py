@@ -342,7 +342,7 @@ def test_store_embedder_embeds_each_text_once_and_caches_it(embedder, tiny_model
     """narrow's pool (core/vectors.StoreEmbedder): every vector is the embedder's own, each
     distinct text of a cache space is embedded once, and a new actor on the same store
     embeds nothing and returns the same vectors, bit for bit."""
-    from xling.core.runner import CELL
+    from xling.core.cells import CELL
     from xling.core.store import RunStore
     from xling.core.vectors import StoreEmbedder, cache_dir, load_vectors, text_key
 

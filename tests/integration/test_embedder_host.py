@@ -70,7 +70,7 @@ def test_hosted_embedder_gives_what_a_local_one_gives(tiny_models, ray_local):
         with pytest.raises(ray.exceptions.RayTaskError, match="change the loaded model"):
             q_hosted.with_settings(use_fp16=True)
         # narrow's pool (vectors, token counts, its cache's fingerprint check) on the host
-        from xling.core.runner import CELL
+        from xling.core.cells import CELL
         from xling.core.vectors import StoreEmbedder
 
         rows = pa.table({"text": TEXTS, CELL: pa.array([0] * len(TEXTS), pa.int64())})

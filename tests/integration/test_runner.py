@@ -7,7 +7,10 @@ runner's control flow; the real stages and engines have their own integration te
 import pyarrow as pa
 import pytest
 
-from xling.core.runner import Cell, Runner, Stage, StageFailed, cell_state, read_cell, shard_of
+from xling.core.cells import Cell, Stage, StageFailed
+from xling.core.commit import shard_of
+from xling.core.runner import Runner
+from xling.core.status import cell_state, read_cell
 from xling.core.store import RunStore
 
 
@@ -211,7 +214,7 @@ class SharedSourceStage(EchoStage):
                 for t in ("en", "de")]
 
     def source(self, cell, cfg):
-        from xling.core.runner import Source
+        from xling.core.cells import Source
 
         return Source({"rows": "ROWS[:30]"}, lambda: EchoStage.read(self, cell, cfg))
 
@@ -243,7 +246,7 @@ class DownstreamStage(EchoStage):
         self.store, self.upstream = store, upstream
 
     def source(self, cell, cfg):
-        from xling.core.runner import Source
+        from xling.core.cells import Source
 
         def read():
             import ray.data
@@ -279,7 +282,7 @@ def test_a_committed_cell_is_read_as_the_partition(ray_local, tmp_path):
 
 def _block_sizes(batch: pa.Table) -> pa.Table:
     """The map sees each block whole (batch_size=None): note its rows and shards."""
-    from xling.core.runner import SHARD
+    from xling.core.cells import SHARD
 
     shards = len(set(batch[SHARD].to_pylist()))
     return _upper(batch).append_column("block", pa.array([[batch.num_rows, shards]] *

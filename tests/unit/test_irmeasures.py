@@ -149,7 +149,7 @@ def test_evaluate_config_names_and_average():
 
 def test_expected_checks_and_table(tmp_path):
     from xling.core.config import ConfigError
-    from xling.core.runner import Cell
+    from xling.core.cells import Cell
     from xling.jobs.evaluate import check_expected, markdown_table, read_expected
 
     f = tmp_path / "x.expected.yaml"

@@ -6,7 +6,9 @@ committed without either (an older xling) falls back to reading the parts."""
 import numpy as np
 import pyarrow as pa
 
-from xling.core.runner import Cell, _commit_shard, part_files
+from xling.core.cells import Cell
+from xling.core.commit import _commit_shard
+from xling.core.status import part_files
 from xling.core.store import RunStore
 from xling.jobs.retrieve import TREC_PART, export_trec
 from xling.tasks.runs import hit_counts, hits_trec_bytes, trec_run_bytes

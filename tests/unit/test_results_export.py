@@ -18,7 +18,8 @@ import pytest
 
 from xling import cli
 from xling.config import validate_config
-from xling.core.runner import Cell, read_cell, write_driver_manifest
+from xling.core.cells import Cell, write_driver_manifest
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 from xling.jobs import evaluate as E
 from xling.core.results import export_trec_runs, latex_table, metrics_table, pyserini_run_name

@@ -282,7 +282,6 @@ class EngineHosts:
         """Start the hosts; None when even one would not leave a CPU for the stages' tasks
         (their partition pass, reads and writes): a host outlives its group, and they would
         wait for it."""
-        import ray
 
         first = specs[0]
         cpus = max(s.parallel.num_cpus for s in specs)

@@ -38,7 +38,7 @@ from xling.core.engines import BACKENDS, DEFAULT, make_engine, spec_class, spec_
 from xling.core.engines.base import EngineSpec, SamplingSpec
 from xling.core.hosts import HostedEngine, shared_hosts
 from xling.core.pools import actor_pool, pool_resources
-from xling.core.runner import CELL, RID, Cell, Stage
+from xling.core.cells import CELL, RID, Cell, Stage
 from xling.core.store import RunStore
 from xling.studies.registry import find_parser
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from xling.core.config import ConfigError
-from xling.core.runner import Cell, cell_state
+from xling.core.cells import Cell
+from xling.core.status import cell_state
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 FORMATS = ("csv", "parquet", "latex")

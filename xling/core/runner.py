@@ -1,4 +1,7 @@
-"""The stage runner: cells, deterministic shards, commit protocol, skip-what-is-done.
+"""The stage runner, on the driver: skip what is done, partition each cell's input, stream
+its pending shards through the stage's pipeline, commit shard by shard, finish the cell.
+Split by concern: what a stage and a cell are (core/cells.py), the commit protocol's worker
+tasks (core/commit.py), reading a run root's state (core/status.py), and this module.
 
 Layout of one cell (all under `{run_root}/{stage}/{cell_id}/`):
 
@@ -36,270 +39,39 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import os
-import re
-import socket
-import subprocess
 import time
 import traceback
 import uuid
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import xxhash
 
-from xling.core.config import ConfigError, stable_hash
+from xling.core.cells import (
+    RID,
+    Cell,
+    Source,
+    Stage,
+    StageFailed,
+    code_version,
+    describe_error,
+    now,
+)
+from xling.core.commit import (
+    _commit_shard,
+    _tag_cell,
+    _tag_rows,
+    _write_pieces,
+    _write_shards,
+)
+from xling.core.config import stable_hash
 from xling.core.pools import LIGHT_CPUS
 from xling.core.provenance import provenance
-from xling.core.memo import per_config
+from xling.core.status import cell_state, committed_shards
 from xling.core.store import RunStore
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
-
-RID, SHARD, CELL, ERROR = "_rid", "_shard", "_cell", "error"
-
-
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def shard_of(rids: Iterable[str] | pa.Array, n_shards: int) -> np.ndarray:
-    """Stable shard of each record id: xxh64 of the UTF-8 id, modulo n_shards.
-
-    Independent of Python's hash seed, the process, the machine and the order of records.
-    """
-    values = rids.to_pylist() if isinstance(rids, (pa.Array, pa.ChunkedArray)) else rids
-    return np.fromiter((xxhash.xxh64_intdigest(str(r).encode()) % n_shards for r in values),
-                       dtype=np.int64)
-
-
-def fingerprint(rids: Iterable[str]) -> str:
-    """Order-independent fingerprint of a set of record ids."""
-    acc = 0
-    n = 0
-    for r in rids:
-        acc ^= xxhash.xxh64_intdigest(str(r).encode(), seed=1)
-        n += 1
-    return f"{n}:{acc:016x}"
-
-
-def describe_error(e: BaseException) -> str:
-    """One readable line for an exception, digging the user's error out of Ray's wrappers."""
-    chain, seen = [], set()
-    while isinstance(e, BaseException) and id(e) not in seen:
-        seen.add(id(e))
-        chain.append(e)
-        e = getattr(e, "cause", None) or e.__cause__
-    pattern = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failed)):\s")
-    wrappers = ("UserCodeException", "RayTaskError", "RaySystemError")
-    for exc in chain:  # Ray puts the worker's traceback, ending in the real error, in str()
-        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
-        found = [l.strip() for l in text.splitlines()
-                 if (m := pattern.match(l.strip()))
-                 and not m.group(1).rsplit(".", 1)[-1].startswith(wrappers)]
-        if found:
-            return found[-1]
-    first = re.sub(r"\x1b\[[0-9;]*m", "", str(chain[0])).strip().splitlines() or [""]
-    return f"{type(chain[0]).__name__}: {first[0]}"
-
-
-def code_version() -> str:
-    import xling
-
-    version = getattr(xling, "__version__", "0")
-    try:
-        here = os.path.dirname(os.path.abspath(xling.__file__))
-        sha = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        if sha:
-            return f"{version}+g{sha}{'.dirty' if dirty else ''}"
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return version
-
-
-# ---------------------------------------------------------------------------------------
-# cells and stages
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One slice of the grid (study, setting, language, model...) run by one stage."""
-
-    stage: str
-    key: dict[str, str]
-    params: dict[str, Any]
-    inputs: list[str] = field(default_factory=list, compare=False)
-    n_shards: int = field(default=1, compare=False)
-
-    @cached_property
-    def hash(self) -> str:
-        return stable_hash({"stage": self.stage, "key": self.key, "params": self.params})
-
-    @property
-    def id(self) -> str:
-        return ".".join([*self.key.values(), self.hash])
-
-    @property
-    def dir(self) -> str:
-        return f"{self.stage}/{self.id}"
-
-
-class Stage(ABC):
-    """A stage: which cells a config asks for, how to read a cell's input, how to map it.
-
-    `read(cell)` returns a Ray Dataset whose rows carry a unique string `_rid`. `map(ds,
-    cells)` maps the input rows of several cells at once (one actor pool per model, shared
-    by every cell of the run); rows carry `_cell` (an index into `cells`) so a stage whose
-    cells differ in a setting can look it up per row. Every output row keeps its input's
-    `_rid`, `_cell` and `_shard` (1:1 or 1:N), and failures are rows with a non-null
-    `error`, never exceptions.
-    """
-
-    name: str = ""
-    id_column: str = RID  # where a record id goes when the runner adds an error row
-    token_column: str | None = None  # output tokens for the progress bar (see TOKEN_COLUMNS)
-    # A file made from each part as it is committed, by the commit task (in parallel, while
-    # the pipeline runs): (suffix, part table -> bytes), kept at `_exports/part-NNNNN<suffix>`
-    # for `finalize` to join (`part_exports`), e.g. the TREC run of 10 M hits.
-    part_export: tuple[str, Callable[[pa.Table], bytes]] | None = None
-    # Counts made from each part by its commit task and kept in its marker (`stats`), so
-    # that `finalize` sums them (`part_stats`) instead of reading every part back.
-    part_counts: Callable[[pa.Table], dict[str, int]] | None = None
-
-    def __init_subclass__(cls, **kw):
-        # Within a command, a stage's cells are built once per config (core/memo.py): the
-        # stages downstream ask for them again and again to find their inputs.
-        super().__init_subclass__(**kw)
-        for name in ("cells", "all_cells"):
-            method = cls.__dict__.get(name)
-            if method is not None and not getattr(method, "__isabstractmethod__", False) \
-                    and not getattr(method, "__memoized__", False):
-                setattr(cls, name, per_config(method))
-
-    @abstractmethod
-    def cells(self, cfg: XlingConfig) -> list[Cell]: ...
-
-    @abstractmethod
-    def read(self, cell: Cell, cfg: XlingConfig): ...
-
-    @abstractmethod
-    def map(self, ds, cells: list[Cell], cfg: XlingConfig): ...
-
-    def group(self, cell: Cell) -> str:
-        """Cells with the same group share one pipeline (and its actor pools)."""
-        return ""
-
-    def engines(self, cfg: XlingConfig) -> list:
-        """The LLM entries (core/engines) and embedders (`hosts.EmbedderSpec`) whose engines
-        this stage's pools run: an engine that stages next to each other in a run ask for
-        starts once for all of them (core/hosts.py)."""
-        return []
-
-    def prepare(self, cfg: XlingConfig, store: RunStore, upstream: tuple[str, ...] = ()) -> None:
-        """Driver-side work before Ray starts (e.g. converting a model into the store).
-
-        `upstream` names the stages that run before this one in the same invocation, so a
-        missing input they will make is not an error yet.
-        """
-
-    after_label: str = ""  # what `after_run` makes, for the plan's summary ("fusions")
-
-    def after_run(self, cfg: XlingConfig, runner: "Runner") -> None:
-        """Runs after every cell of the stage is done (e.g. fusions of the stage's runs)."""
-
-    def all_cells(self, cfg: XlingConfig) -> list[Cell]:
-        """Every cell the stage leaves in its folder: `cells`, plus what `after_run` makes."""
-        return self.cells(cfg)
-
-    def source(self, cell: Cell, cfg: XlingConfig) -> "Source | None":
-        """Where the cell's input rows come from, so cells reading the same rows share one
-        partition (see `Source`). None: `read(cell)` is partitioned for this cell alone."""
-        return None
-
-    def pool_key(self, cell: Cell, cfg: XlingConfig) -> str:
-        """With `group`, which cells of a run (of several configs, in a sweep) may share a
-        pipeline: by default cells of configs whose stage section differs do not, since
-        `map` may read that section. Stages whose `map` reads only cell params return ""."""
-        section = getattr(cfg, self.name, None)
-        return stable_hash(section.model_dump(mode="json")) if section is not None else ""
-
-    def engine_of(self, cells: list[Cell], cfg: XlingConfig):
-        """The entry (of `engines`) whose engine the group's pool runs, or None."""
-        return None
-
-    def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
-        """The CPUs/GPUs the group's actor pools hold at their minimum size, for running
-        groups side by side (see `Runner._run_groups`)."""
-        return {"CPU": 1.0}
-
-    def read_block_rows(self, cells: list[Cell], cfg: XlingConfig) -> int | None:
-        """Rows per block to read the partition in, for a stage whose map is cheap per row
-        (None: Ray Data's default, at least 200 blocks). Each block is a task of every
-        operator before the pool, and on a small cluster those tasks' start-up, not their
-        work, paced the pipeline (index, 200k documents: 208 blocks of 961 rows)."""
-        return None
-
-    def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
-        """Work on a cell's committed shards before it is marked done (e.g. merging a
-        Lucene index); what it returns goes into the manifest."""
-        return {}
-
-
-class DriverStage(Stage):
-    """A stage that runs in the driver, cell by cell, without Ray (evaluate). `run_cell`
-    computes one cell and returns what its manifest adds; `run_driver` skips done cells and
-    writes every manifest the same way (`driver_manifest`), provenance included."""
-
-    def read(self, cell: Cell, cfg: XlingConfig):  # pragma: no cover - driver stage
-        raise NotImplementedError(f"{self.name} runs in the driver: call run_driver")
-
-    def map(self, ds, cells: list[Cell], cfg: XlingConfig):  # pragma: no cover
-        raise NotImplementedError(f"{self.name} runs in the driver: call run_driver")
-
-    @abstractmethod
-    def run_cell(self, cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -> dict:
-        """Compute and write one cell's files; return the manifest's stage-specific fields
-        (`rows`, `errors`, `files`...)."""
-
-    def after_driver(self, cfg: XlingConfig, store: RunStore, *, log=print) -> None:
-        """Work over every cell once they are done (e.g. tables across cells)."""
-
-    def run_driver(self, cfg: XlingConfig, store: RunStore, *, force: bool = False,
-                   log=print) -> list[dict]:
-        out = []
-        for cell in self.cells(cfg):
-            if not force and store.read_json_or_none(f"{cell.dir}/_manifest.json"):
-                log(f"[{self.name}] {cell.id}: done earlier, skipped")
-                continue
-            t0 = time.time()
-            fields = self.run_cell(cfg, store, cell, log=log)
-            out.append(write_driver_manifest(store, cell, fields, seconds=time.time() - t0))
-        self.after_driver(cfg, store, log=log)
-        return out
-
-
-def write_driver_manifest(store: RunStore, cell: Cell, fields: dict, *,
-                          seconds: float) -> dict:
-    """The manifest of a driver cell: identity, code version and provenance, then `fields`."""
-    manifest = {"stage": cell.stage, "cell": cell.id, "key": cell.key, "params": cell.params,
-                "config_hash": cell.hash, "code_version": code_version(), "n_shards": 1,
-                **fields, "provenance": provenance(),
-                "timings": {"this_run_seconds": round(seconds, 3)}, "finished_at": now()}
-    store.write_json(f"{cell.dir}/_manifest.json", manifest)
-    return manifest
-
-
-class StageFailed(RuntimeError):
-    pass
-
 
 # ---------------------------------------------------------------------------------------
 # the runner
@@ -315,27 +87,6 @@ class CellReport:
     shards_total: int = 0
     seconds: float = 0.0
     message: str = ""
-
-
-@dataclass
-class Source:
-    """Where a cell's input rows come from, declared by `Stage.source`, so that every cell
-    (of any stage) reading the same rows shares one partition instead of copying them.
-
-    key    what the rows are, as JSON data: equal keys (and shard counts) mean equal rows
-    read   the rows as a Ray Dataset with `_rid` (partitioned when no partition exists)
-    adapt  partition rows -> this stage's input rows with `_rid`, one per record; it runs
-           in the processing pipeline, so cells that adapt the same rows differently still
-           share their partition
-    cell   a committed xling cell whose part files are the partition (shard s = its
-           part-s), used as is when its shard count matches; those rows have no `_rid`
-           until `adapt` sets it, so a source with `cell` needs an `adapt`
-    """
-
-    key: dict
-    read: Callable[[], Any]
-    adapt: Callable[[pa.Table], pa.Table] | None = None
-    cell: str | None = None
 
 
 @dataclass
@@ -939,121 +690,6 @@ def _with_tasks(demand: dict) -> dict:
     return {**demand, "CPU": demand.get("CPU", 0) + 0.5}
 
 
-def rid_hashes(rids) -> np.ndarray:
-    """8-byte hashes of record ids: what workers tell the driver instead of the ids."""
-    values = rids.to_pylist() if isinstance(rids, (pa.Array, pa.ChunkedArray)) else rids
-    return np.fromiter((xxhash.xxh64_intdigest(str(r).encode(), seed=2) for r in values),
-                       dtype=np.uint64, count=len(values))
-
-
-def _tag_cell(batch: pa.Table, *, index: int) -> pa.Table:
-    return batch.append_column(CELL, pa.array([index] * batch.num_rows, pa.int64()))
-
-
-def _tag_rows(batch: pa.Table, *, cell: int, shard_of_file: dict[str, int],
-              adapt=None) -> pa.Table:
-    """Partition rows -> the stage's input rows, with their cell and shard."""
-    paths = pc.unique(batch["path"])
-    shards = pc.take(pa.array([shard_of_file[p] for p in paths.to_pylist()], pa.int64()),
-                     pc.index_in(batch["path"], value_set=paths))
-    batch = batch.drop_columns([c for c in ("path", CELL, SHARD) if c in batch.column_names])
-    if adapt is not None:
-        batch = adapt(batch)
-    return batch.append_column(SHARD, shards).append_column(
-        CELL, pa.array(np.full(batch.num_rows, cell), pa.int64()))
-
-
-def _write_pieces(batch: pa.Table, *, store: RunStore, dirs: list[str], run_id: str,
-                  id_column: str, token_column: str | None = None) -> pa.Table:
-    """map_batches task after the stage's map: each (cell, shard) slice of an output block
-    goes to a temporary file in the store; only metadata goes back to the driver (with the
-    slice's output tokens, for the progress bar's tok/s)."""
-    out = {k: [] for k in ("cell", "shard", "path", "rows", "rids", "tokens")}
-    token_column = token_column or next((c for c in TOKEN_COLUMNS if c in batch.column_names),
-                                        None)
-    if batch.num_rows == 0:
-        return pa.table(out, schema=_PIECES)
-    if ERROR not in batch.column_names:
-        batch = batch.append_column(ERROR, pa.nulls(batch.num_rows, pa.string()))
-    cells, shards = batch[CELL].to_numpy(), batch[SHARD].to_numpy()
-    keys = cells * 1_000_000_000 + shards
-    for key in np.unique(keys):
-        c, s = int(key // 1_000_000_000), int(key % 1_000_000_000)
-        piece = batch.filter(pa.array(keys == key))
-        # Many rows can share a record (a query's hits): hash each distinct id once.
-        rids = np.unique(rid_hashes(pc.unique(piece[RID])))
-        piece = piece.drop_columns([x for x in (RID, SHARD, CELL) if x != id_column])
-        rel = f"{dirs[c]}/_tmp/{run_id}/{s:05d}/{uuid.uuid4().hex}.parquet"
-        store.write_parquet(rel, piece)
-        out["cell"].append(c)
-        out["shard"].append(s)
-        out["path"].append(rel)
-        out["rows"].append(piece.num_rows)
-        out["rids"].append(rids)
-        tokens = 0
-        if token_column and token_column in piece.column_names:
-            tokens = pc.sum(piece[token_column]).as_py() or 0
-        out["tokens"].append(int(tokens))
-    return pa.table(out, schema=_PIECES)
-
-
-_PIECES = pa.schema([("cell", pa.int64()), ("shard", pa.int64()), ("path", pa.string()),
-                     ("rows", pa.int64()), ("rids", pa.list_(pa.uint64())),
-                     ("tokens", pa.int64())])
-# Output columns whose sum is a stage's generated tokens (the progress bar's tok/s), unless
-# the stage names its own `token_column`: LLM rows (generate, judge), translations.
-TOKEN_COLUMNS = ("n_output_tokens", "n_tgt_tokens")
-
-
-def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
-                  expected: dict, seen: set | None, id_column: str, run_id: str,
-                  adapt=None, export=None, counts=None) -> dict:
-    """Ray task: a shard's output pieces -> `part-NNNNN.parquet`, written under a temporary
-    name and moved into place; records the stage lost become error rows. Returns what the
-    shard's marker records. The stage's `part_export` is written before the part moves into
-    place, so a committed part always has its export, and its marker the stage's
-    `part_counts`."""
-    name = f"part-{shard:05d}.parquet"
-    final = f"{cell_dir}/{name}"
-    if pieces and not all(store.exists(p) for p in pieces) and store.exists(final):
-        # A retry of this task after it moved the pieces (its node died before it returned):
-        # no other task writes this shard's part in this run, so the part is its work.
-        table = store.read_parquet(final, columns=None if export or counts else [ERROR])
-        _write_export(store, cell_dir, shard, export, table)
-        errors = int(table.num_rows - pc.sum(pc.is_null(table[ERROR])).as_py())
-        return {"file": name, "rows": table.num_rows, "errors": errors,
-                "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
-                "lost_records": 0, "pieces": len(pieces), "host": socket.gethostname(),
-                **({"stats": counts(table)} if counts else {})}
-    lost: list[str] = []
-    if seen is not None and len(seen) < expected["rows"]:
-        rows = store.read_parquet(expected["files"])
-        ids = (rows if RID in rows.column_names or adapt is None else adapt(rows))[RID]
-        lost = [r for r, h in zip(ids.to_pylist(), rid_hashes(ids)) if int(h) not in seen]
-    if len(pieces) == 1 and not lost:
-        table = store.read_parquet(pieces[0], columns=None if export or counts else [ERROR])
-        _write_export(store, cell_dir, shard, export, table)
-        store.move(pieces[0], final)
-    else:
-        tables = [store.read_parquet(p) for p in pieces]
-        if lost:  # never silent gaps
-            tables.append(pa.table({id_column: lost, ERROR: [
-                "stage produced no output for this record"] * len(lost)}))
-        table = (pa.concat_tables(tables, promote_options="default") if tables
-                 else pa.table({ERROR: pa.array([], pa.string())}))
-        tmp = f"{cell_dir}/_tmp/{run_id}/{name}"
-        store.write_parquet(tmp, table)
-        _write_export(store, cell_dir, shard, export, table)
-        store.move(tmp, final)
-        for p in pieces:
-            store.delete(p)
-    errors = int(table.num_rows - pc.sum(pc.is_null(table[ERROR])).as_py()) if table.num_rows else 0
-    return {"file": name, "rows": table.num_rows, "errors": errors,
-            "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
-            "lost_records": len(lost), "pieces": len(pieces), "host": socket.gethostname(),
-            **({"stats": counts(table)} if counts else {})}
-
-
 def _in_blocks(ds, rows: int):
     """`ds` cut into blocks of at most `rows` rows, in the tasks that make its blocks.
 
@@ -1067,155 +703,3 @@ def _in_blocks(ds, rows: int):
     if isinstance(args, dict):
         args["num_cpus"] = LIGHT_CPUS
     return ds
-
-
-def _export_path(cell_dir: str, shard: int, suffix: str) -> str:
-    return f"{cell_dir}/_exports/part-{shard:05d}{suffix}"
-
-
-def _write_export(store: RunStore, cell_dir: str, shard: int, export, table: pa.Table) -> None:
-    if export:
-        store.write_bytes(_export_path(cell_dir, shard, export[0]), export[1](table))
-
-
-def part_exports(store: RunStore, cell_dir: str, n_shards: int, suffix: str) -> bytes | None:
-    """The committed parts' exports joined in part order; None where a part has none
-    (committed by an xling that wrote none). The caller removes `_exports/` once it has
-    written what it joined."""
-    paths = [_export_path(cell_dir, s, suffix) for s in range(n_shards)]
-    if not all(store.exists(p) for p in paths):
-        return None
-    return b"".join(store.read_bytes(p) for p in paths)
-
-
-def _write_shards(batch: pa.Table, *, store: RunStore, dirs: list[str],
-                  n_shards: list[int]) -> pa.Table:
-    """map_batches task: split input rows by (source, shard) into Parquet files in the store;
-    returns the files with 8-byte hashes of their record ids (the driver checks uniqueness
-    and fingerprints from those, never reading the rows)."""
-    if RID not in batch.column_names:
-        raise ValueError(f"stage input has no `{RID}` column (record id)")
-    batch = batch.set_column(batch.column_names.index(RID), RID, pc.cast(batch[RID], pa.string()))
-    cells = batch[CELL].to_numpy()
-    shards = np.zeros(len(cells), dtype=np.int64)
-    for c in np.unique(cells):
-        rows = cells == c
-        shards[rows] = shard_of(batch[RID].filter(pa.array(rows)), n_shards[c])
-    batch = batch.append_column(SHARD, pa.array(shards, pa.int64()))
-    out = {k: [] for k in ("cell", "shard", "path", "rids", "xor")}
-    for c, s in sorted({(int(c), int(s)) for c, s in zip(cells, shards)}):
-        part = batch.filter(pa.array((cells == c) & (shards == s)))
-        rel = f"{dirs[c]}/{s:05d}/{uuid.uuid4().hex}.parquet"
-        store.write_parquet(rel, part.drop_columns([CELL]))
-        ids = part[RID].to_pylist()
-        out["cell"].append(c)
-        out["shard"].append(s)
-        out["path"].append(rel)
-        out["rids"].append(rid_hashes(ids))
-        # `fingerprint`'s XOR, computed here so that it combines across files
-        out["xor"].append(functools.reduce(
-            lambda a, r: a ^ xxhash.xxh64_intdigest(str(r).encode(), seed=1), ids, 0))
-    return pa.table({**out, "rids": pa.array(out["rids"], pa.list_(pa.uint64())),
-                     "xor": pa.array(out["xor"], pa.uint64())})
-
-
-# ---------------------------------------------------------------------------------------
-# reading state
-
-
-# Side files of a cell, beside its part files. Names starting with "_" are skipped by
-# pyarrow's dataset discovery, so `pd.read_parquet(cell_dir)` reads exactly the cell's rows.
-TABLE = "_table.md"  # the cell's markdown table (the report prints it)
-ITEMS = "_items.parquet"  # a study's per-item scores
-PLOTS = "_plots"  # a study's figures, `_plots/<name>.png`
-
-
-def part_files(store: RunStore, rel_dir: str) -> list[str]:
-    """The Parquet parts a cell has committed so far: what `Stage.finalize` reads, before
-    the manifest that lists them exists."""
-    parent = rel_dir.strip("/")
-    return sorted(f for f in store.list(rel_dir) if f.rsplit("/", 1)[0] == parent and
-                  re.fullmatch(r"part-\d+\.parquet", f.rsplit("/", 1)[-1]))
-
-
-def part_stats(store: RunStore, rel_dir: str) -> dict[str, int] | None:
-    """The stage's `part_counts` of a cell, summed over its committed parts; None where a
-    part's marker has none (committed by an xling that made none)."""
-    markers = committed_shards(store, rel_dir).values()
-    if not markers or not all("stats" in m for m in markers):
-        return None
-    keys = {k for m in markers for k in m["stats"]}
-    return {k: sum(m["stats"].get(k, 0) for m in markers) for k in sorted(keys)}
-
-
-def committed_shards(store: RunStore, rel_dir: str) -> dict[int, dict]:
-    """The shard markers of a cell, by shard number."""
-    markers = (store.read_json(p) for p in store.list(f"{rel_dir}/_shards") if p.endswith(".json"))
-    return {int(m["shard"]): m for m in markers}
-
-
-def cell_state(store: RunStore, rel_dir: str) -> dict:
-    """done / partial / failed / pending, with row and error counts, for one cell dir."""
-    manifest = store.read_json_or_none(f"{rel_dir}/_manifest.json")
-    if manifest:
-        return {"state": "done", "rows": manifest["rows"], "errors": manifest["errors"],
-                "shards_done": manifest["n_shards"], "n_shards": manifest["n_shards"],
-                "message": manifest.get("finished_at", "")}
-    plan = store.read_json_or_none(f"{rel_dir}/_plan.json") or {}
-    markers = list(committed_shards(store, rel_dir).values())
-    failed = store.read_json_or_none(f"{rel_dir}/_failed.json")
-    state = "failed" if failed else ("partial" if plan or markers else "pending")
-    return {"state": state, "rows": sum(m["rows"] for m in markers),
-            "errors": sum(m["errors"] for m in markers), "shards_done": len(markers),
-            "n_shards": plan.get("n_shards", 0),
-            "message": (failed or {}).get("error", "")}
-
-
-def run_status(store: RunStore) -> list[dict]:
-    """State of every cell of every stage under a run root."""
-    rows = []
-    for stage in store.list_dirs():
-        if stage.startswith((".", "_")):
-            continue
-        for cell in store.list_dirs(stage):
-            if cell.startswith((".", "_")):
-                continue
-            rows.append({"stage": stage, "cell": cell, **cell_state(store, f"{stage}/{cell}")})
-    return rows
-
-
-def read_cell(store: RunStore, rel_dir: str, columns: list[str] | None = None) -> pa.Table:
-    """The committed output of a finished cell (only files its manifest lists)."""
-    manifest = store.read_json_or_none(f"{rel_dir}/_manifest.json")
-    if not manifest:
-        raise FileNotFoundError(f"{store.url(rel_dir)} is not a finished cell (no _manifest.json)")
-    return store.read_parquet([f"{rel_dir}/{f}" for f in manifest["files"]], columns=columns)
-
-
-class MissingInput(StageFailed, ConfigError):
-    """An earlier stage's output is not in the store: before Ray starts this is a config-time
-    error (exit 2) naming the stage to run; on a worker it fails the cell."""
-
-
-def require_done(store: RunStore, cell: Cell, needed_by: str) -> dict:
-    manifest = store.read_json_or_none(f"{cell.dir}/_manifest.json")
-    if manifest is None:
-        raise MissingInput(
-            f"{needed_by} needs the {cell.stage} stage's output {cell.id}, which is not in "
-            f"{store.url(cell.stage)}: run `xling {cell.stage} --config ...` first")
-    return manifest
-
-
-def read_rows(store: RunStore, dirs: list[str], columns: list[str], needed_by: str) -> list[dict]:
-    """The rows of committed cells as dicts (`parsed` maps as dicts)."""
-    rows = []
-    for d in dirs:
-        try:
-            rows += read_cell(store, d, columns=columns).to_pylist()
-        except FileNotFoundError:
-            raise MissingInput(f"{needed_by} needs {d}, which is not committed in {store.url()}: "
-                               f"run `xling {d.split('/')[0]} --config ...` first") from None
-    for r in rows:
-        if r.get("parsed") is not None:
-            r["parsed"] = dict(r["parsed"])
-    return rows

@@ -21,7 +21,7 @@ from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import ConfigError, Strict, check_lang
 from xling.core.memo import remember
-from xling.core.runner import RID, Source
+from xling.core.cells import RID, Source
 from xling.core.store import RunStore
 from xling.studies.registry import DOCUMENT_FORMATS, get_study
 

@@ -98,7 +98,7 @@ class StoreEmbedder:
                 self.embedder.count_tokens(texts), batch["error"].to_pylist())
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from xling.core.runner import CELL
+        from xling.core.cells import CELL
 
         # Vectors stay in one float32 matrix from the model to the output column: real BGE-M3
         # has 1,024 dimensions, and a round trip through Python lists cost ~57 ms a call of

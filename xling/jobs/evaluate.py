@@ -39,7 +39,8 @@ import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
 from xling.core.config import ConfigError, NoHash, Strict, hashable
-from xling.core.runner import TABLE, Cell, DriverStage, read_cell
+from xling.core.cells import Cell, DriverStage
+from xling.core.status import TABLE, read_cell
 from xling.core.store import RunStore
 from xling.studies.base import Ranked
 from xling.studies.registry import get_study
@@ -264,7 +265,7 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
         runs[system] = read_trec_run(path)
     rerank_inputs = {}
     for system, spec in cell.params.get("reranked", {}).items():
-        from xling.core.runner import MissingInput
+        from xling.core.status import MissingInput
 
         try:
             t = read_cell(store, f"rerank/{spec['cell']}", columns=["query_id", "doc_id", "rank",

@@ -30,7 +30,8 @@ from xling.core.config import NoHash, Parallelism, Strict, hashable
 from xling.core.llm import LLMSpec, SamplingSpec, check_model, engine_params, generate_pool
 from xling.core.models import resolve_model
 from xling.core.pools import LIGHT_CPUS, actor_pool, pool_resources
-from xling.core.runner import CELL, RID, Cell, Stage, part_files, read_rows, require_done
+from xling.core.cells import CELL, RID, Cell, Stage
+from xling.core.status import part_files, read_rows, require_done
 from xling.core.store import RunStore
 from xling.studies.base import Featured
 from xling.studies.registry import get_study

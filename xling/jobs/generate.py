@@ -31,7 +31,8 @@ from xling.core.llm import (
     generate_pool,
     sampling_of,
 )
-from xling.core.runner import RID, Cell, part_files
+from xling.core.cells import RID, Cell
+from xling.core.status import part_files
 from xling.core.sources import _open, list_files
 from xling.core.store import RunStore
 from xling.tasks.prompts import iter_prompt_lines, prompt_row, prompt_table

@@ -35,18 +35,8 @@ from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_la
 from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.models import resolve_model
 from xling.core.pools import LIGHT_CPUS, actor_pool, pool_args, pool_resources
-from xling.core.runner import (
-    CELL,
-    RID,
-    SHARD,
-    Cell,
-    Source,
-    Stage,
-    StageFailed,
-    now,
-    part_files,
-    require_done,
-)
+from xling.core.cells import CELL, RID, SHARD, Cell, Source, Stage, StageFailed, now
+from xling.core.status import part_files, require_done
 from xling.core.sources import CorpusSpec, documents_source, spec_files
 from xling.core.store import RunStore
 from xling.jobs.translate import translate_cell

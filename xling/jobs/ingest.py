@@ -17,7 +17,7 @@ from xling.actors.doc_stats import DocumentStats
 from xling.core.config import NoHash, Parallelism, Strict, hashable
 from xling.core.models import resolve_model
 from xling.core.pools import actor_pool, pool_resources
-from xling.core.runner import Cell, Source, Stage
+from xling.core.cells import Cell, Source, Stage
 from xling.core.sources import CorpusSpec, documents_source, spec_files
 
 if TYPE_CHECKING:

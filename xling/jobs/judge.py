@@ -36,7 +36,8 @@ from xling.core.llm import (
     generate_pool,
     sampling_of,
 )
-from xling.core.runner import CELL, RID, Cell, part_files, read_rows, require_done
+from xling.core.cells import CELL, RID, Cell
+from xling.core.status import part_files, read_rows, require_done
 from xling.core.store import RunStore
 from xling.tasks.prompts import built_prompt_table
 

@@ -34,7 +34,8 @@ from xling.core.config import ConfigError, NoHash, Parallelism, Strict
 from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.models import resolve_model
 from xling.core.pools import pool_args, pool_resources
-from xling.core.runner import RID, Cell, Stage, part_files
+from xling.core.cells import RID, Cell, Stage
+from xling.core.status import part_files
 from xling.core.store import RunStore
 from xling.core.vectors import StoreEmbedder, cache_dir, vector_matrix
 from xling.studies.base import Narrowed
@@ -189,7 +190,7 @@ def narrow_cell(cfg: XlingConfig, clang: str) -> Cell:
 
 def read_selections(store: RunStore, cell: Cell) -> dict[tuple[str, str], dict]:
     """(context_id, query language) -> selection row of a committed narrow cell."""
-    from xling.core.runner import require_done
+    from xling.core.status import require_done
 
     require_done(store, cell, "the study's narrowed prompts")
     t = store.read_parquet(f"{cell.dir}/{SELECTIONS}")

@@ -34,7 +34,8 @@ import math
 import re
 from typing import TYPE_CHECKING, Any, Iterable
 
-from xling.core.runner import now, run_status
+from xling.core.cells import now
+from xling.core.status import run_status
 from xling.core.store import RunStore
 from xling.tasks.tables import fmt, pipe_table
 

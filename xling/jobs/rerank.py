@@ -50,7 +50,8 @@ from xling.core.pools import actor_pool, pool_resources
 from xling.core.config import ConfigError
 from xling.core.engines import spec_classes
 from xling.core.hosts import shared_hosts
-from xling.core.runner import RID, Cell, Stage, StageFailed, part_files, read_cell
+from xling.core.cells import RID, Cell, Stage, StageFailed
+from xling.core.status import part_files, read_cell
 from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
 from xling.core.store import RunStore
 from xling.jobs.retrieve import TREC_PART
@@ -248,7 +249,7 @@ def _trec_texts(cfg: XlingConfig, run: RerankRun, store: RunStore) -> list:
     (a corpus language that is the query language is read as it is)."""
     import ray.data
 
-    from xling.core.runner import require_done
+    from xling.core.status import require_done
     from xling.jobs.index import _translations_as_documents
 
     qlang = run.topics.langs[0]
@@ -464,7 +465,7 @@ class LLMReranker(StoreLLM):
         return await asyncio.to_thread(self._batch, batch)
 
     def _batch(self, batch: pa.Table) -> pa.Table:
-        from xling.core.runner import CELL
+        from xling.core.cells import CELL
 
         rows = batch.to_pylist()
         out = []

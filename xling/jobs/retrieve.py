@@ -30,8 +30,9 @@ from pydantic import Field, field_validator, model_validator
 from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.pools import LIGHT_CPUS, pool_args
-from xling.core.runner import (RID, Cell, Stage, StageFailed, part_exports, part_files,
-                               part_stats, require_done)
+from xling.core.cells import RID, Cell, Stage, StageFailed
+from xling.core.commit import part_exports
+from xling.core.status import part_files, part_stats, require_done
 from xling.core.sources import TopicSpec, read_queries, spec_files
 from xling.core.store import RunStore
 from xling.jobs.index import INDEX_DIR, LUCENE_MARKER, find_index

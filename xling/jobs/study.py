@@ -16,7 +16,8 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from xling.core.config import ConfigError, Strict
-from xling.core.runner import Cell, read_rows, require_done
+from xling.core.cells import Cell
+from xling.core.status import read_rows, require_done
 from xling.core.store import RunStore
 from xling.jobs.features import FeaturesStage
 from xling.jobs.generate import GenerateStage
@@ -86,7 +87,7 @@ def study_of(cfg: XlingConfig) -> Study:
 def prompt_sets(cfg: XlingConfig) -> list[dict]:
     """The study's prompt sets: setting, lang, parser, input files and (for settings over
     machine-translated documents) the translate cell that holds the translations."""
-    from xling.core.runner import StageFailed
+    from xling.core.cells import StageFailed
 
     study, opts = study_of(cfg), cfg.study.options
     files = study.input_files(opts)
@@ -121,7 +122,7 @@ def translations(cfg: XlingConfig, store: RunStore, cell_id: str) -> dict[str, s
     then reports those articles as missing)."""
     import pyarrow.compute as pc
 
-    from xling.core.runner import read_cell
+    from xling.core.status import read_cell
 
     cell = next(c for c in TranslateStage().cells(cfg) if c.id == cell_id)
     require_done(store, cell, "the study's prompts")
@@ -273,7 +274,7 @@ def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) 
     import json
     from collections import Counter
 
-    from xling.core.runner import ITEMS, PLOTS, TABLE
+    from xling.core.status import ITEMS, PLOTS, TABLE
 
     study, opts = study_of(cfg), cell.params["options"]
     gens = read_rows(store, cell.params["generations"],

@@ -27,7 +27,7 @@ from xling.actors.translator import Translator
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.models import fetch_ct2_model, is_ct2_dir, prepare_ct2_model, resolve_model
 from xling.core.pools import actor_pool, pool_resources
-from xling.core.runner import RID, Cell, Source, Stage, StageFailed
+from xling.core.cells import RID, Cell, Source, Stage, StageFailed
 from xling.core.sources import (
     CorpusSpec,
     TopicSpec,
