@@ -31,7 +31,7 @@ from xling.core.llm import LLMSpec, SamplingSpec, check_model, engine_params, ge
 from xling.core.models import resolve_model
 from xling.core.pools import LIGHT_CPUS, actor_pool, pool_resources
 from xling.core.cells import CELL, RID, Cell, Stage
-from xling.core.status import part_files, read_rows, require_done
+from xling.core.status import part_files, read_rows
 from xling.core.store import RunStore
 from xling.studies.base import Featured
 from xling.studies.registry import get_study
@@ -138,9 +138,6 @@ class FeaturesStage(Stage):
                              "features.llm (the "
                              "pointwise judge), or drop them from study.options.features")
             check_model(cfg.features.llm, "features.llm")
-        if "generate" not in upstream:
-            for g in self.generation_cells(cfg):
-                require_done(store, g, "the features stage")
 
     def engines(self, cfg: XlingConfig) -> list:
         if cfg.features is None or cfg.features.llm is None:

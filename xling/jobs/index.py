@@ -223,8 +223,6 @@ class IndexStage(Stage):
             resolve_model(cfg.index.dense.model, key="index.dense.model")
         thai = []
         for cell in self.cells(cfg):
-            if "translation" in cell.params and "translate" not in upstream:
-                require_done(store, _translate_of(cfg, cell), f"index cell {cell.id}")
             if cell.key["engine"] != "bm25":
                 continue
             analyzer, fallback = analyzer_for(cell.key["text_lang"])

@@ -37,7 +37,7 @@ from xling.core.llm import (
     sampling_of,
 )
 from xling.core.cells import CELL, RID, Cell
-from xling.core.status import part_files, read_rows, require_done
+from xling.core.status import part_files, read_rows
 from xling.core.store import RunStore
 from xling.tasks.prompts import built_prompt_table
 
@@ -134,10 +134,6 @@ class JudgeStage(LLMStage):
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         for i, spec in enumerate(cfg.judge.judges):
             check_model(spec, f"judge.judges[{i}]")
-        if "generate" not in upstream:
-            gens = {c.dir: c for c in self.generation_cells(cfg)}
-            for d in sorted({d for c in self.cells(cfg) for d in c.inputs}):
-                require_done(store, gens[d], "the judge stage")
 
     def read(self, cell: Cell, cfg: XlingConfig):
         import ray.data

@@ -247,18 +247,6 @@ class RetrieveStage(Stage):
         return embedder_of(cfg.index.dense, key="index.dense.model",
                            parallel=cfg.retrieve.parallel)
 
-    def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
-        # Inputs made by earlier stages must be in the store, unless this invocation runs
-        # those stages first: say which stage to run instead of failing on a worker.
-        for cell in self.cells(cfg):
-            if "index" not in upstream:
-                for idx in sorted(set(cell.params["indexes"].values())):
-                    require_done(store, _index_cell(cfg, idx), f"retrieve cell {cell.id}")
-            if "translation" in cell.params and "translate" not in upstream:
-                ts = _topics(cfg, cell.key["topics"])
-                require_done(store, _qt_cell(cfg, ts, cell.key["qlang"], cell.key["doc_lang"]),
-                             f"retrieve cell {cell.id} (mode qt)")
-
     def read(self, cell: Cell, cfg: XlingConfig):
         import ray.data
 

@@ -163,19 +163,6 @@ class StudyGenerateStage(GenerateStage):
                          {k: v for k, v in ps.items() if k != "files"}, ps["files"]))
         return sets
 
-    def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
-        super().prepare(cfg, store, upstream)
-        if cfg.study is not None and "translate" not in upstream:
-            needed = {c.params["prompts"].get("translation") for c in self.cells(cfg)} - {None}
-            for tc in TranslateStage().cells(cfg) if needed else []:
-                if tc.id in needed:
-                    require_done(store, tc, "the study's prompts")
-        if cfg.study is not None and "narrow" not in upstream:
-            needed = {c.params["prompts"].get("selection") for c in self.cells(cfg)} - {None}
-            for nc in NarrowStage().cells(cfg) if needed else []:
-                if nc.id in needed:
-                    require_done(store, nc, "the study's narrowed prompts")
-
     def prompt_rows(self, cell: Cell, cfg: XlingConfig) -> pa.Table:
         if "study" in cell.params["prompts"]:
             return prompt_rows(cfg, cell.params["prompts"])
