@@ -37,7 +37,6 @@ class Node:
 
     stage: str
     cell: Cell
-    cfg: Any = field(repr=False)
     runs: bool  # one of this command's stages (else: a stage it reads from)
     after: bool = False  # made by the stage's `after_run` (a fusion), not by its pipeline
     inputs: dict[str, str] = field(default_factory=dict)  # role -> upstream node dir
@@ -208,8 +207,6 @@ def _edges(cell: Cell, by_id: dict[str, str], by_dir: set[str]) -> tuple[dict, l
     for i, ref in enumerate(cell.inputs):
         if ref in by_dir:
             inputs["input" if len(cell.inputs) == 1 else f"input.{i}"] = ref
-        elif ref in by_id:
-            inputs["input" if len(cell.inputs) == 1 else f"input.{i}"] = by_id[ref]
         else:
             sources.append(ref)
     found: list[tuple[str, str]] = []
@@ -231,7 +228,7 @@ def build_plan(cfgs: "list[XlingConfig]", stages: list[str], registry: dict) -> 
     grid points ask for is one node."""
     from xling.core.hosts import host_key, shareable
 
-    order = [s for s in stages]
+    order = list(stages)
     for cfg in cfgs:
         for s in [*cfg.stages, *(s for s in registry if getattr(cfg, s, None) is not None)]:
             if s not in order:
@@ -257,7 +254,7 @@ def build_plan(cfgs: "list[XlingConfig]", stages: list[str], registry: dict) -> 
             for cell in [*cells, *made_after]:
                 if cell.dir not in seen:
                     seen.add(cell.dir)
-                    nodes.append(Node(stage, cell, cfg, runs, after=cell in made_after))
+                    nodes.append(Node(stage, cell, runs, after=cell in made_after))
     by_id = {n.cell.id: n.dir for n in nodes}
     by_dir = set(by_id.values())
     for n in nodes:
@@ -275,9 +272,6 @@ def build_plan(cfgs: "list[XlingConfig]", stages: list[str], registry: dict) -> 
                 if stage not in use.stages:
                     use.stages.append(stage)
                 use.specs.append((stage, spec))
-    shown = [s for s in stages if s not in planned and s != "report"]
-    if shown:
-        raise ConfigError(f"unknown stage(s) {', '.join(shown)}")
     labels = {s: getattr(registry[s], "after_label", "") for s in planned}
     return Plan([s for s in order if s in stages], nodes, list(engines.values()), unlisted,
                 labels)
