@@ -184,6 +184,11 @@ class Narrowed(Study):
     @abstractmethod
     def hits_at(self, selections: Sequence[Mapping], ks: Sequence[int]) -> dict[str, float]: ...
 
+    def selection_summary(self, opts: Opts, selections: Sequence[Mapping]) -> dict:
+        """What the narrow manifest records about the selections beside hit@k (e.g. how
+        many needles ended up as a sentence of their own); none by default."""
+        return {}
+
 
 class Judged(Study):
     """A judge panel rates each generation."""

@@ -105,9 +105,16 @@ def failure_class(*, correct: bool, target_in_cap: bool, all_in_cap: bool | None
     return "llm_failure", "llm_unanswerable" if unanswerable else "llm_incorrect"
 
 
-def system_name(method: str, k) -> str:
-    """``cross@<k>`` for CROSS at a cap, else the method (a column of the tables)."""
-    return f"cross@{int(k)}" if method == "cross" else method
+ORACLE_LABEL = " (oracle)"
+
+
+def system_name(method: str, k, oracle: bool = False) -> str:
+    """``cross@<k>`` for CROSS at a cap, else the method (a column of the tables); CROSS on
+    the oracle splitter's sentences (needles cut out by their template) is ``cross@<k>
+    (oracle)``, so that no table shows it as the method's own result."""
+    if method != "cross":
+        return method
+    return f"cross@{int(k)}" + (ORACLE_LABEL if oracle else "")
 
 
 def _score_one(row: Mapping, rule: str, templates: Mapping | None, scoring: str) -> dict:
@@ -117,6 +124,8 @@ def _score_one(row: Mapping, rule: str, templates: Mapping | None, scoring: str)
         return row[key] if key in row and row[key] is not None else meta.get(key, default)
 
     method, k = get("method"), get("k")
+    oracle = bool(get("oracle", False)) and method == "cross"
+    isolated = [f for f in (get("needle_isolated") or []) if f is not None]
     gold = get("gold") or gold_label(get("labels"))
     qlang = get("qlang")
     refused = bool(row.get("too_long") or row.get("refused"))
@@ -132,7 +141,9 @@ def _score_one(row: Mapping, rule: str, templates: Mapping | None, scoring: str)
         "model": row.get("model", "model"), "item_id": row.get("item_id"),
         "setting": row.get("setting") or setting_name(get("needles"), method, k),
         "needles": get("needles"), "method": method, "k": k,
-        "system": system_name(method, k), "qlang": qlang, "clang": get("clang"),
+        "system": system_name(method, k, oracle), "oracle": oracle,
+        "needles_isolated": sum(1 for f in isolated if f), "needles_known": len(isolated),
+        "qlang": qlang, "clang": get("clang"),
         "length": get("length"), "length_value": get("length_value"),
         "position": get("position"), "run": get("run"), "gold": gold,
         "correct": scored["correct"] and not refused,
@@ -227,6 +238,12 @@ def _group_metrics(setting: str, lang: str, model: str, group: list[dict]) -> li
     if needs_selection(setting):
         k = sum(1 for i in group if i.get("target_in_cap"))
         add("hit", 100.0 * k / n, n, *wilson(k, n))
+        # the splitter: 100 = the oracle ablation (needles cut out by template), 0 = blind
+        add("oracle_splitter", 100.0 * any(i.get("oracle") for i in group), n)
+        known = sum(i.get("needles_known") or 0 for i in group)
+        if known:
+            add("needle_isolated", 100.0 * sum(i.get("needles_isolated") or 0 for i in group)
+                / known, known)
     for red in ("reduction_words", "reduction_tokens"):
         vals = [i[red] for i in group if i.get(red) is not None and not pd.isna(i[red])]
         if vals:
