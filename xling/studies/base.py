@@ -69,6 +69,11 @@ class Study(ABC):
         """`study.options` -> the options dict; raises pydantic's ValidationError."""
         return self.Options.model_validate(dict(raw or {})).as_options()
 
+    def check_config(self, opts: Opts, cfg) -> None:
+        """Checks of the options against the rest of the config (e.g. the models that
+        generate runs), at `xling validate`, before any stage: raise ValueError naming the
+        fix (shown as one config error). Nothing by default."""
+
     def required_sections(self, opts: Opts) -> dict[str, str]:
         """Config sections these options need -> why (config.py checks them)."""
         return dict(self.requires)
@@ -230,6 +235,11 @@ class Featured(Study):
     @abstractmethod
     def langid_langs(self, opts: Opts) -> list[str]:
         """The languages the langid scorer tells apart."""
+
+    def llm_setting(self, opts: Opts) -> dict:
+        """What the llm scorer's manifest records about its prompts (e.g. their wording);
+        nothing by default."""
+        return {}
 
     @abstractmethod
     def llm_feature_names(self, opts: Opts) -> list[str]:

@@ -32,9 +32,10 @@ def _split_file(split: str, name: str) -> bool:
 
 
 def read_split(path: str, lang: str | None = None, split: str = "dev",
-               filesystem: pafs.FileSystem | None = None) -> pa.Table:
-    """A hub snapshot's ``{lang}/{split}-*.parquet`` (or one Parquet file), local or s3.
-    ``dev.small-*`` files beside ``dev-*`` are not read."""
+               filesystem: pafs.FileSystem | None = None,
+               columns: list[str] | None = None) -> pa.Table:
+    """A hub snapshot's ``{lang}/{split}-*.parquet`` (or one Parquet file), local or s3
+    (``columns``: only those). ``dev.small-*`` files beside ``dev-*`` are not read."""
     fs, root = _filesystem(path, filesystem)
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.File:
@@ -50,7 +51,7 @@ def read_split(path: str, lang: str | None = None, split: str = "dev",
     if not files:
         raise FileNotFoundError(f"{path}: no {split}-*.parquet for {lang or 'any language'}; "
                                 "point at a snapshot of the hub dataset")
-    return pa.concat_tables([pq.read_table(f, filesystem=fs) for f in files],
+    return pa.concat_tables([pq.read_table(f, filesystem=fs, columns=columns) for f in files],
                             promote_options="default")
 
 

@@ -11,7 +11,7 @@ from xling.studies.base import (Evidence, Featured, PairJudged, PromptSet, Rende
 from xling.studies.mirage import data, features, pairs, parse, plots, tables
 from xling.studies.mirage.metrics import score as score_languages
 from xling.studies.mirage.constants import LANGS, SCORERS, SETTING, STUDY
-from xling.studies.mirage.options import Options, is_published
+from xling.studies.mirage.options import Options, check_names, is_published
 from xling.studies.mirage.prompts import PROMPT_FILE, rebuild_prompt
 
 
@@ -38,6 +38,16 @@ class MIRAGE(PairJudged, Featured):
                                               "(study.options.features)",
                                          section="features", hub="features")
         return out
+
+    def check_config(self, opts: Opts, cfg) -> None:
+        """Run route: the held-out models are generate.models names (the published route's
+        hub ids are checked by the options against the published judgments), checked here,
+        not after generate, features and judge have run (issue 45)."""
+        if is_published(opts) or not opts["held_out"] or cfg.generate is None:
+            return
+        roster = list(opts.get("models") or [m.name for m in cfg.generate.models])
+        check_names(opts["held_out"], roster,
+                    "the arena's models (study.options.models, else the generate.models names)")
 
     # -- prompts ---------------------------------------------------------------------
 
@@ -102,6 +112,9 @@ class MIRAGE(PairJudged, Featured):
 
     def langid_langs(self, opts: Opts) -> list[str]:
         return list(LANGS)
+
+    def llm_setting(self, opts: Opts) -> dict:
+        return {"feature_prompts": opts.get("feature_prompts", "reference")}
 
     def llm_feature_names(self, opts: Opts) -> list[str]:
         return list(SCORERS["llm"])
