@@ -919,14 +919,13 @@ def _published_opts(**kw):
 
 
 def test_held_out_names_outside_the_roster_are_refused():
-    # the run route's names on the published route: they match no hub model, refused when
-    # the options are validated (issue 45), naming the published roster
-    with pytest.raises(ValidationError, match=r"held_out \['gemma-1.1-2b', 'llama3-70b'\] are "
-                                              r"not among the published judgments' models.*"
-                                              r"'google/gemma-1.1-2b-it'"):
-        _published_opts(held_out=["gemma-1.1-2b", "llama3-70b"])
-    # score() keeps its own check for options that did not come through validation
-    opts = {**_published_opts(held_out=[]), "held_out": ["gemma-1.1-2b", "llama3-70b"]}
+    # the run route's names on the published route: they match no hub model, refused at
+    # validation (check_config, issue 45), naming the published roster; score() checks too
+    opts = _published_opts(held_out=["gemma-1.1-2b", "llama3-70b"])
+    with pytest.raises(ValueError, match=r"held_out \['gemma-1.1-2b', 'llama3-70b'\] are "
+                                         r"not among the published judgments' models.*"
+                                         r"'google/gemma-1.1-2b-it'"):
+        STUDY.check_config(opts, None)
     with pytest.raises(ValueError, match=r"are not in the en arena"):
         STUDY.score(opts, [], Evidence())
     with pytest.raises(ValidationError, match="held_out .'s9'. are not in models"):

@@ -134,6 +134,8 @@ class StudyInputs:
     for a `Translated` setting, the narrow stage's selections for a `Narrowed` one."""
 
     translations: dict[str, str] | None = None
+    # doc id -> the language check's finding on a translation made anyway (lang_check: flag)
+    translation_flags: dict[str, str] | None = None
     selections: Any = None
 
 

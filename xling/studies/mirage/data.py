@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -92,6 +93,21 @@ def load_outputs(path: str, lang: str, split: str = "dev",
                       for model, value in (row[column] or {}).items()]
     return (pd.DataFrame(gens, columns=["query_id", "model", "output"]),
             pd.DataFrame(feats, columns=["query_id", "model", "feature", "value"]))
+
+
+@functools.lru_cache(maxsize=8)
+def published_roster(judgments: str, langs: tuple[str, ...], split: str = "dev"
+                     ) -> frozenset[str]:
+    """Every model the published pairwise judgments compare, over ``langs`` (the two model
+    columns only, read once per snapshot)."""
+    models: set[str] = set()
+    for lang in langs:
+        try:
+            judged = read_split(judgments, lang, split, columns=["model_A", "model_B"])
+        except FileNotFoundError:
+            continue  # a language without judgments has no arena (counted at evaluate)
+        models |= set(judged["model_A"].to_pylist()) | set(judged["model_B"].to_pylist())
+    return frozenset(models)
 
 
 def load_judgments(path: str, lang: str, split: str = "dev",

@@ -4,7 +4,6 @@ the pure functions (parsing, features, arena, surrogate) read."""
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Mapping
@@ -94,21 +93,6 @@ def check_names(held_out, roster, what: str) -> None:
     if held_out and len(set(roster) - set(held_out)) < 2:
         raise ValueError(f"held_out {list(held_out)} leaves fewer than two of {sorted(roster)} "
                          "to train the surrogate on; hold out fewer")
-
-
-@functools.lru_cache(maxsize=8)
-def published_roster(judgments: str, langs: tuple[str, ...], split: str) -> frozenset[str]:
-    """Every model the published pairwise judgments compare, over ``langs`` (read once)."""
-    from .data import read_split
-
-    models: set[str] = set()
-    for lang in langs:
-        try:
-            judged = read_split(judgments, lang, split, columns=["model_A", "model_B"])
-        except FileNotFoundError:
-            continue  # a language without judgments has no arena (counted at evaluate)
-        models |= set(judged["model_A"].to_pylist()) | set(judged["model_B"].to_pylist())
-    return frozenset(models)
 
 
 def is_published(opts: Mapping[str, Any]) -> bool:
@@ -306,12 +290,6 @@ class Options(StudyOptions):
         if self.models and len(set(self.models) - set(self.held_out)) < 2:
             raise ValueError(f"held_out {self.held_out} leaves fewer than two of models "
                              f"{self.models} to train the surrogate on; hold out fewer")
-        if self.source == "published" and self.held_out:
-            check_names(self.held_out, published_roster(self.judgments, tuple(self.langs),
-                                                        self.split),
-                        "the published judgments' models (hub model ids, e.g. "
-                        "google/gemma-1.1-2b-it and meta-llama/Meta-Llama-3-70B-Instruct, the "
-                        "paper's held-out pair, P L130)")
         return self
 
     @field_validator("features")

@@ -40,14 +40,22 @@ class MIRAGE(PairJudged, Featured):
         return out
 
     def check_config(self, opts: Opts, cfg) -> None:
-        """Run route: the held-out models are generate.models names (the published route's
-        hub ids are checked by the options against the published judgments), checked here,
-        not after generate, features and judge have run (issue 45)."""
-        if is_published(opts) or not opts["held_out"] or cfg.generate is None:
+        """The held-out models are checked at validation, not after generate, features and
+        judge have run (issue 45): on the run route against the generate.models names, on
+        the published route against the models the published judgments compare."""
+        if not opts["held_out"]:
             return
-        roster = list(opts.get("models") or [m.name for m in cfg.generate.models])
-        check_names(opts["held_out"], roster,
-                    "the arena's models (study.options.models, else the generate.models names)")
+        if is_published(opts):
+            roster = data.published_roster(opts["judgments"], tuple(opts["langs"]),
+                                           opts["split"])
+            check_names(opts["held_out"], opts.get("models") or roster,
+                        "the published judgments' models (hub model ids, e.g. "
+                        "google/gemma-1.1-2b-it and meta-llama/Meta-Llama-3-70B-Instruct, the "
+                        "paper's held-out pair, P L130)")
+        elif cfg.generate is not None:
+            roster = list(opts.get("models") or [m.name for m in cfg.generate.models])
+            check_names(opts["held_out"], roster, "the arena's models (study.options.models, "
+                        "else the generate.models names)")
 
     # -- prompts ---------------------------------------------------------------------
 
