@@ -159,3 +159,30 @@ def test_selections_prompts_and_tables_record_isolation_and_label_the_oracle(spl
     md = markdown_tables(items)
     assert ("Oracle ablation" in md and "[oracle splitter]" in md) is (splitter == "oracle")
     assert "sentence of their own" in md  # the isolation table, per context language
+
+
+def test_exact_match_reads_the_answer_the_model_gives():
+    """L293/L299: the model must "provide the correct answer", "correctly identify the
+    largest"; a comparative answer counts by its answer and is counted apart."""
+    from xling.studies.cross.metrics import answer_number, is_comparative, score_output
+
+    gold = "4753820"
+    for output in ("The largest is 4753820, larger than 1218893.",  # the audit's case
+                   "Comparing 1218893 and 4753820, the largest is 4753820.",
+                   "最大的特别魔法数字是4753820，比1218893大。",
+                   "4753820 (the others: 1218893 is smaller)"):
+        got = score_output(output, gold)
+        assert got["correct"] and got["strict"] and got["comparative"], output
+        assert answer_number(output) == gold
+    for output in ("4753820, 6316390 and 7252750",  # a bare list answers nothing
+                   "1218893 / 4753820", "6316390 и 4753820",
+                   "The largest is 7252750, not 4753820."):
+        assert not score_output(output, gold)["correct"], output
+    assert answer_number("4753820, 6316390 and 7252750") is None
+    assert not is_comparative("The answer is 4753820.") and not is_comparative("UNANSWERABLE")
+    rows = [{"output": o, "meta": {"gold": gold, "needles": 3, "method": "baseline",
+                                   "qlang": "en", "labels": [gold]}}
+            for o in ("The largest is 4753820, larger than 1218893", "4753820", "1218893")]
+    items = score_rows(rows)
+    assert items["correct"].tolist() == [True, True, False]
+    assert items["comparative"].tolist() == [True, False, False]

@@ -1,5 +1,6 @@
-"""Scoring: exact match (the paper's "exact match accuracy", L106: the 7-digit numbers of the
-answer are exactly the gold) first, and containment of the gold string (v1's only published
+"""Scoring: exact match (the paper's "exact match accuracy", L106: the number the model gives
+as its answer is the gold, L293/L299; a comparative answer such as "4753820, larger than
+1218893" counts by its answer and is counted apart as `comparative`) first, and containment of the gold string (v1's only published
 scoring code, s1.7) second, both after digit and Chinese-numeral normalization (the text
 layer); the ``scoring`` option says which is ``correct``. Also the failure taxonomy
 (L178-181, L216-219), input reduction (L145-151), per-item scores and the metric rows."""
@@ -53,10 +54,43 @@ def contains_gold(output: str | None, gold: str) -> bool:
     return bool(output) and str(gold) in normalize_digits(output)
 
 
+# What may stand between the numbers of a bare list ("6316390, 7252750 and 4753820"): a list
+# names candidates, it does not answer which one is the largest.
+_LIST_GAP = re.compile(r"[\s,;/、，；&+]*(?:and|or|und|oder|et|ou|y|o|na|au|iyo|ama|và|hoặc|"
+                       r"dan|atau|и|или|و|أو|या|और|va|yoki|和|或|及)?[\s,;/、，；&+]*",
+                       re.IGNORECASE)
+
+
+def answer_number(output: str | None) -> str | None:
+    """The number the model gives as its answer (L299: accuracy is whether the model
+    "correctly identif[ies] ... the largest"; L293 "provide the correct answer"), not every
+    number it names: the only 7-digit number; of several, the one named most often, the first
+    on a tie ("The largest is 4753820, larger than 1218893" -> 4753820; "Comparing 1218893
+    and 4753820, the largest is 4753820" -> 4753820). None without a number, and for a bare
+    list of different numbers ("6316390, 7252750 and 4753820"), which answers nothing."""
+    text = normalize_digits(output or "")
+    found = list(_SEVEN_DIGITS.finditer(text))
+    if not found:
+        return None
+    numbers = [m.group() for m in found]
+    if len(set(numbers)) > 1 and all(
+            _LIST_GAP.fullmatch(text[a.end():b.start()]) for a, b in zip(found, found[1:])):
+        return None
+    counts = {n: numbers.count(n) for n in numbers}
+    return max(dict.fromkeys(numbers), key=lambda n: counts[n])  # first of the most named
+
+
+def is_comparative(output: str | None) -> bool:
+    """An answer that names other numbers beside its own ("... larger than 1218893"): the
+    tables count these apart, so that either reading of them can be checked."""
+    numbers = set(seven_digit_numbers(output or ""))
+    return len(numbers) > 1 and answer_number(output) is not None
+
+
 def strict_correct(output: str | None, gold: str) -> bool:
     """Exact match (``scoring: exact``, the default; L106 "exact match accuracy"): the
-    7-digit numbers of the normalized output are exactly {gold}."""
-    return bool(output) and set(seven_digit_numbers(output)) == {str(gold)}
+    answer the model gives (:func:`answer_number`) is the gold."""
+    return bool(output) and answer_number(output) == str(gold)
 
 
 def is_unanswerable(output: str | None, qlang: str | None = None,
@@ -80,7 +114,8 @@ def score_output(output: str | None, gold: str, *, qlang: str | None = None,
     strict, contains = strict_correct(output, gold), contains_gold(output, gold)
     return {"correct": strict if scoring == "exact" else contains, "strict": strict,
             "contains": contains, "unanswerable": is_unanswerable(output, qlang, templates),
-            "numbers": seven_digit_numbers(output or "")}
+            "numbers": seven_digit_numbers(output or ""), "answer": answer_number(output),
+            "comparative": is_comparative(output)}
 
 
 def failure_class(*, correct: bool, target_in_cap: bool, all_in_cap: bool | None = None,
@@ -151,6 +186,7 @@ def _score_one(row: Mapping, rule: str, templates: Mapping | None, scoring: str)
         "contains": scored["contains"] and not refused, "scoring": scoring,
         "unit": get("unit"), "depth": get("depth"),
         "unanswerable": scored["unanswerable"], "refused": refused,
+        "comparative": scored["comparative"],
         "failure": cls, "failure_detail": detail,
         "target_in_cap": target_in, "all_in_cap": all_in,
         "target_rank": get("target_rank"),
@@ -232,6 +268,8 @@ def _group_metrics(setting: str, lang: str, model: str, group: list[dict]) -> li
                         ("containment_accuracy", "contains")):
         k = sum(1 for i in group if i.get(key))
         add(metric, 100.0 * k / n, n, *wilson(k, n))
+    k = sum(1 for i in group if i.get("comparative"))
+    add("comparative_answers", 100.0 * k / n, n)  # answers that also name other numbers
     for cls in (*FAILURE_DETAILS[1:], "error"):
         k = sum(1 for i in group if i.get("failure_detail", i.get("failure")) == cls)
         add(cls, 100.0 * k / n, n)

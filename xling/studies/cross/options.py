@@ -168,8 +168,10 @@ class Options(StudyOptions):
         "`[\"।\", \"؟\", \"۔\"]` (a flagged variant, s2.1)."))
     scoring: Literal["exact", "containment"] = Field("exact", description=(
         "The primary metric (`accuracy`): `exact` (default; the paper's \"exact match\", "
-        "L106: the 7-digit numbers of the answer are exactly the gold, after digit and "
-        "Chinese-numeral normalization) or `containment` (compat: the gold string occurs in "
+        "L106: the number the model gives as its answer is the gold, L293/L299 \"correctly "
+        "identifies ... the largest\"; of several numbers the one named most often, a bare "
+        "list of candidates answers nothing; after digit and Chinese-numeral normalization) "
+        "or `containment` (compat: the gold string occurs in "
         "the answer, v1's only published scoring code, s1.7). Both are reported "
         "(`exact_accuracy`, `containment_accuracy`)."))
     lengths: list[str] | None = Field(None, description=(
