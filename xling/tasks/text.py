@@ -42,6 +42,7 @@ sentencex, lingua and langid are imported when first used.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 import unicodedata
@@ -148,7 +149,7 @@ def _sentencex():
 
 
 def fingerprint() -> str:
-    """Names the segmenter and the rules, e.g. ``sentencex-1.0.32+xling-text-1``."""
+    """Names the segmenter and the rules, e.g. ``sentencex-1.0.32+xling-text-2``."""
     return f"sentencex-{version('sentencex')}+{RULES}"
 
 
@@ -162,14 +163,14 @@ OWN_RULES_SCRIPTS = frozenset({"Thai", "Laoo", "Mymr", "Ethi"})
 # reference marks): any script's full stop, ! or ?, the Armenian and Greek stops. sentencex
 # also cuts before list markers ("territory of A) Russia or B) Japan?"), which end nothing.
 _ENDS = f".!?…‼⁇⁈⁉．;:{_STRONG}፡"
-_END_TAIL_RE = re.compile(f"[{re.escape(_ENDS)}][{re.escape(_CLOSERS)}\s]*(?:\[[^\]\s]{{1,12}}\])*"
-                          f"[{re.escape(_CLOSERS)}\s]*$")
+_END_TAIL_RE = re.compile(rf"[{re.escape(_ENDS)}][{re.escape(_CLOSERS)}\s]*"
+                          rf"(?:\[[^\]\s]{{1,12}}\])*[{re.escape(_CLOSERS)}\s]*$")
 # Titles in CJK text: 《奔跑吧！梅勒斯》 is one name, whatever stops it holds.
 _TITLE_RE = re.compile("《[^《》\n]{0,80}》|〈[^〈〉\n]{0,80}〉")
 # A speech tag after a quote's closing mark: 。”她说。 / 。」と彼は言った。 (a unit that short
 # is the attribution of the quote before it, not a sentence of its own).
-_SPEECH_TAG_RE = re.compile("^[^\s。！？]{0,6}(?:说|說|道|问|問|称|稱|表示|指出|回答|と[^。！？]{0,8})"
-                            "[。！？]$|^と")
+_SPEECH_TAG_RE = re.compile(r"^[^\s。！？]{0,6}(?:说|說|道|问|問|称|稱|表示|指出|回答|と[^。！？]{0,8})"
+                            r"[。！？]$|^と")
 _QUOTE_CLOSERS = "”’」』\""
 
 # Thai and Lao phrases: a space is no sentence end next to a connective ("and", "or",
@@ -279,8 +280,11 @@ def _line_cuts(body: str, language: Language) -> list[int]:
     if script not in CASED_SCRIPTS:
         cuts = {c for c in cuts if (stop := _stop_before(body, c)) < 0
                 or not _abbreviation(body, stop)}
-    for m in _TITLE_RE.finditer(body):
-        cuts = {c for c in cuts if not m.start() < c < m.end()}
+    titles = [(m.start(), m.end()) for m in _TITLE_RE.finditer(body)]
+    if titles:
+        starts = [a for a, _ in titles]
+        cuts = {c for c in cuts if not ((i := bisect.bisect_left(starts, c) - 1) >= 0
+                                        and c < titles[i][1])}
     if script in SPACE_SENTENCE_SCRIPTS:
         cuts = _thai_phrases(body, cuts)
     return sorted(c for c in cuts if 0 < c < len(body))
@@ -299,23 +303,27 @@ def _thai_phrases(body: str, cuts: set[int]) -> set[int]:
     depth = _bracket_depths(body)
     kept = set()
     for c in cuts:
-        before, after = body[:c].rstrip(), body[c:].lstrip()
+        # a window each side: the connectives are short, and a whole-line slice per cut
+        # would cost a long line its length squared
+        before, after = body[max(0, c - 40):c].rstrip(), body[c:c + 40].lstrip()
         if (depth[c] > 0 or after.startswith(_THAI_CONNECTIVES) or _ABBREV_START.match(after)
                 or before.endswith(_THAI_CONNECTIVES)) and not _END_TAIL_RE.search(before):
             continue
         kept.add(c)
-    bounds = sorted(kept)
-    changed = True
-    while changed and bounds:  # join each short unit to its neighbour
-        changed = False
-        edges = [0, *bounds, len(body)]
-        for i in range(len(edges) - 1):
-            unit = _MARK.sub("", body[edges[i]:edges[i + 1]])
-            if sum(1 for ch in unit if not ch.isspace()) < _MIN_PHRASE:
-                bounds.remove(edges[i + 1] if i + 1 < len(edges) - 1 else edges[i])
-                changed = True
-                break
+    # one pass: a short unit joins the next (the last one joins the one before it)
+    bounds, start = [], 0
+    for cut in sorted(kept):
+        if _letters(body[start:cut]) >= _MIN_PHRASE:
+            bounds.append(cut)
+            start = cut
+    if bounds and _letters(body[start:]) < _MIN_PHRASE:
+        bounds.pop()
     return set(bounds)
+
+
+def _letters(unit: str) -> int:
+    """Characters of a Thai or Lao unit, not counting spaces and combining marks."""
+    return sum(1 for ch in _MARK.sub("", unit) if not ch.isspace())
 
 
 def _trimmed(text: str, start: int, end: int) -> tuple[int, int] | None:
