@@ -1,7 +1,7 @@
 """Scoring: exact match (the paper's "exact match accuracy", L106: the number the model gives
 as its answer is the gold, L293/L299; a comparative answer such as "4753820, larger than
-1218893" counts by its answer and is counted apart as `comparative`) first, and containment of the gold string (v1's only published
-scoring code, s1.7) second, both after digit and Chinese-numeral normalization (the text
+1218893" counts by its answer and is counted apart as `comparative`) first, and containment
+of the gold string (v1's only published scoring code, s1.7) second, both after digit and Chinese-numeral normalization (the text
 layer); the ``scoring`` option says which is ``correct``. Also the failure taxonomy
 (L178-181, L216-219), input reduction (L145-151), per-item scores and the metric rows."""
 

@@ -50,8 +50,8 @@ QUERY_TEXTS = ("question", "instruction")
 SPLITTERS = ("multilingual", "punkt_english", "punkt_untrained", "punkt_trained", "oracle")
 ORACLE_SPLITTERS = ("oracle",)
 # "exact": the number the model gives as its answer is the gold (the paper's "exact match",
-# L106, "correctly identifies ... the largest", L299; metrics.answer_number), the default; "containment":
-# the gold string occurs in the answer (v1's only published scoring code, s1.7).
+# L106, "correctly identifies ... the largest", L299; metrics.answer_number), the default;
+# "containment": the gold string occurs in the answer (v1's only published scoring code, s1.7).
 SCORINGS = ("exact", "containment")
 FAILURE_RULES = ("target", "all")
 FAILURE_DETAILS = ("correct", "embedding_failure", "llm_unanswerable", "llm_incorrect",
