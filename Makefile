@@ -79,7 +79,8 @@ demo: bytecode
 	@echo "== MIRAGE-Bench's leaderboards from the published answers and verdicts"
 	@$(BIN)/xling run --config configs/demo-mirage.yaml run_root=$(RUNS)/demo-mirage-published \
 	  study.options.source=published study.options.reference_model=gpt-4-azure \
-	  'study.options.held_out=[google/gemma-1.1-2b-it]' 'stages=[evaluate,report]'
+	  'study.options.held_out=[google/gemma-1.1-2b-it, meta-llama/Meta-Llama-3-70B-Instruct]' \
+	  'stages=[evaluate,report]'
 
 # The tests in layers (docs/design.md, Tests): unit/ needs nothing but Python; integration/
 # the tiny models and the real engines, stages in-process; e2e/ the CLI as a user runs it;

@@ -84,6 +84,8 @@ class XlingConfig(Strict):
                              if study is not None else ()):
             if getattr(self, section) is None:
                 raise ValueError(why)
+        if study is not None:
+            study.check_config(self.study.options, self)
         for name in ("judge", "features"):
             if getattr(self, name) is not None and (self.study is None or self.generate is None):
                 raise ValueError(f"{name} scores a study's generations: it needs `study:` and "

@@ -47,7 +47,8 @@ HAY = {
            "Maktabadda waxaa ku jira buugaag badan.", "Shaaha halkan waa caan.",
            "Roobku wuu da'ay shalay."],
 }
-NEEDLE = {"zh": ("开罗", "{city}的特别魔法数字是{number}。"),
+# zh: the published NLTK/Chinese_needles.csv wording (no 的, no full stop)
+NEEDLE = {"zh": ("开罗", "特别魔法数字{city}是{number}"),
           "hi": ("काहिरा", "{city} की विशेष जादुई संख्या {number} है।"),
           "so": ("Qaahira", "Lambarka gaarka ah ee {city} waa {number}")}
 JOIN = {"zh": "", "hi": " ", "so": ""}
@@ -102,8 +103,13 @@ def run_cross(opts: dict, clang: str) -> tuple[list[dict], pd.DataFrame]:
     return rows, score_rows(scored)
 
 
-@pytest.mark.parametrize("lang", ["zh", "hi", "so"])
-def test_needle_is_its_own_unit_retrieved_at_k1_at_the_planted_depth(tmp_path, lang):
+@pytest.mark.parametrize("lang,blind_isolated", [("zh", False), ("hi", True), ("so", False)])
+def test_needle_is_its_own_unit_retrieved_at_k1_at_the_planted_depth(tmp_path, lang,
+                                                                       blind_isolated):
+    """The blind splitter (the default) isolates a needle only where the text marks it (hi:
+    ।); the zh needle (no full stop) and the Somali one (no full stop, scraped text) stay
+    glued to the next sentence, and the selections say so. The oracle ablation cuts each
+    needle out by its template."""
     cases, planted = [], {}
     for position, before in ((25, 6), (50, 12), (75, 18)):
         text, depth = haystack(lang, before)
@@ -117,18 +123,24 @@ def test_needle_is_its_own_unit_retrieved_at_k1_at_the_planted_depth(tmp_path, l
     city, template = NEEDLE[lang]
     needle = template.format(city=city, number=LABEL)
     for ctx in load_contexts(opts):
-        split = context_split(ctx, make_splitter())
-        assert split.n_sentences == len(HAY[lang]) * 3 + 1  # every sentence, and the needle
-        i = split.label_idx[0]
-        assert ctx["text"][slice(*split.spans[i])] == needle  # its own unit
+        blind = context_split(ctx, make_splitter())
+        i = blind.label_idx[0]
+        assert (ctx["text"][slice(*blind.spans[i])] == needle) is blind_isolated
+        assert blind.needle_isolated == (blind_isolated,) and blind.n_isolated == 0
+        oracle = context_split(ctx, make_splitter("oracle"))
+        assert oracle.n_sentences == len(HAY[lang]) * 3 + 1  # every sentence, and the needle
+        assert ctx["text"][slice(*oracle.spans[oracle.label_idx[0]])] == needle
+        assert oracle.needle_isolated == (True,)
         # the paper's English Punkt buries it (zh, hi: no terminator it knows; so: glued)
         punkt = context_split(ctx, make_splitter("punkt_english"))
         assert ctx["text"][slice(*punkt.spans[punkt.label_idx[0]])] != needle
-        assert punkt.n_sentences < split.n_sentences
+        assert punkt.n_sentences < oracle.n_sentences
     rows, items = run_cross(opts, lang)
     assert [r["meta"]["target_rank"] for r in rows] == [1, 1, 1]  # retrieved at k = 1
     assert all(r["meta"]["splitter_fp"].startswith("multilingual:sentencex-") for r in rows)
     assert all(r["prompt"].count(needle) == 1 for r in rows)
+    assert all(r["meta"]["needle_isolated"] == [blind_isolated] and not r["meta"]["oracle"]
+               for r in rows)
     assert items["correct"].all() and (items["unit"] == "words:xling").all()
     table = table_by_depth(items)
     for (needles, depth_bin), row in table.iterrows():

@@ -506,8 +506,14 @@ def test_r2_and_kendall_tau_equal_the_libraries():
         y, p = rng.normal(size=n), rng.normal(size=n)
         assert surrogate.r2(y, p) == pytest.approx(r2_score(y, p), abs=1e-12)
         assert surrogate.kendall_tau(y, p) == pytest.approx(kendalltau(y, p).statistic)
-    assert surrogate.r2([1, 1], [1, 1]) == r2_score([1, 1], [1, 1])
-    assert surrogate.r2([1, 1], [1, 2]) == r2_score([1, 1], [1, 2])
+    # where sklearn's value means nothing, xling's is NaN, "not defined" (issue 45): a
+    # constant truth (sklearn: 1.0 or 0.0), one value (sklearn: NaN and a warning), a truth
+    # whose spread is ~0 (sklearn: about -1e18, which dominated a mean over tournaments)
+    assert np.isnan(surrogate.r2([1, 1], [1, 1])) and r2_score([1, 1], [1, 1]) == 1.0
+    assert np.isnan(surrogate.r2([1, 1], [1, 2])) and r2_score([1, 1], [1, 2]) == 0.0
+    assert np.isnan(surrogate.r2([0.3], [0.1]))
+    near = [0.41, 0.41 + 1e-10]
+    assert r2_score(near, [0.2, 0.6]) < -1e15 and np.isnan(surrogate.r2(near, [0.2, 0.6]))
     # the reference's argsort tau is not the rank correlation of the scores
     a = np.array([0.1, 0.9, 0.3, 0.5, 0.7])
     b = np.array([0.2, 0.8, 0.6, 0.4, 1.0])
@@ -913,11 +919,14 @@ def _published_opts(**kw):
 
 
 def test_held_out_names_outside_the_roster_are_refused():
-    # the run route's names on the published route: they match no hub model
+    # the run route's names on the published route: they match no hub model, refused at
+    # validation (check_config, issue 45), naming the published roster; score() checks too
     opts = _published_opts(held_out=["gemma-1.1-2b", "llama3-70b"])
-    with pytest.raises(ValueError, match=r"held_out: \['gemma-1.1-2b', 'llama3-70b'\] are not in "
-                                         r"the en arena, whose judged models are \[.*"
-                                         r"'google/gemma-1.1-2b-it'.*google/gemma-1.1-2b-it"):
+    with pytest.raises(ValueError, match=r"held_out \['gemma-1.1-2b', 'llama3-70b'\] are "
+                                         r"not among the published judgments' models.*"
+                                         r"'google/gemma-1.1-2b-it'"):
+        STUDY.check_config(opts, None)
+    with pytest.raises(ValueError, match=r"are not in the en arena"):
         STUDY.score(opts, [], Evidence())
     with pytest.raises(ValidationError, match="held_out .'s9'. are not in models"):
         _study_opts(models=["s1", "s2"], held_out=["s9"])

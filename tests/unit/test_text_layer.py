@@ -84,8 +84,9 @@ def test_decimals_abbreviations_and_lines():
     assert sentences("এটি একটি ভাষা।[1][4] এটি পুরানো।", "bn") == ["এটি একটি ভাষা।[1][4]",
                                                               "এটি পুরানো।"]
     # Thai: spaces between Thai words end a sentence, those around numbers and brackets not
-    assert sentences("ในปี 2020 มีผู้ใช้ (ประมาณ) มาก เขาไปตลาด", "th") == [
-        "ในปี 2020 มีผู้ใช้ (ประมาณ) มาก", "เขาไปตลาด"]
+    # (a unit of fewer than ten letters joins its neighbour: see test_thai_phrases)
+    assert sentences("ในปี 2020 มีผู้ใช้ (ประมาณ) มาก เขาไปตลาดทุกวัน", "th") == [
+        "ในปี 2020 มีผู้ใช้ (ประมาณ) มาก", "เขาไปตลาดทุกวัน"]
     assert sentences("आज मौसम अच्छा है।हम चलते हैं।", "hi") == ["आज मौसम अच्छा है।", "हम चलते हैं।"]
     assert sentences("هل تريد الذهاب؟نعم.", "ar") == ["هل تريد الذهاب؟", "نعم."]
     assert sentences("", "en") == [] and sentences("  \n ", "th") == []

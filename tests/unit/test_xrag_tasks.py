@@ -230,7 +230,7 @@ def test_cells_inputs_parsers():
         assert XRAG.parser_for(s) == "answer_tag" and "answer_tag" in PARSERS
     assert XRAG.parsers() == {} and XRAG.judge_parser(o) == "verdict"
     assert XRAG.translation_source(o) == "xrag-articles"
-    assert XRAG.score_columns == ("truncated_from",)
+    assert XRAG.score_columns == ("truncated_from", "meta")
     assert [s for s in SETTINGS if XRAG.needs_translation(s)] == [
         "multi_eq_es", "multi_en_x", "ext_multi_xq_es", "ext_multi_xq_es_ed"]
     assert expected_language("mono", "de") == "de"

@@ -10,7 +10,8 @@ error`) and returns one translations row per input row. All segments of the batc
 sorting window: they are split, sorted and cut into token batches (actors/segments.py), and
 the batches go to CTranslate2 asynchronously so `inter_threads` replicas work in parallel.
 A row that cannot be translated (empty, wrong language, an input error) comes back with an
-`error` and no text; it is never dropped.
+`error` and no text; it is never dropped. With `lang_check="flag"` a document in the wrong
+language is translated anyway and the finding is its `lang_flag`.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ OUTPUT = pa.schema([
     ("n_src_tokens", pa.int64()), ("n_tgt_tokens", pa.int64()), ("n_truncated", pa.int64()),
     ("model", pa.string()), ("compute_type", pa.string()), ("beam_size", pa.int64()),
     ("segmenter", pa.string()), ("error", pa.string()),
+    # lang_check: flag: the language check's finding on a document that was translated anyway
+    ("lang_flag", pa.string()),
 ])
 PASS_THROUGH = ("_rid", "_cell", "_shard")
+WRONG_LANGUAGE = "wrong language"
 
 
 class Translator:
@@ -56,6 +60,7 @@ class Translator:
                  max_input_tokens: int = 200, decode_ratio: float = 2.0, decode_extra: int = 10,
                  max_decode_tokens: int = 512, repetition_penalty: float = 1.0,
                  no_repeat_ngram_size: int = 0, lang_check: str = "error",
+                 lang_checks: list[str] | None = None,
                  lingua_names: list[str] = (), lingua_expected: dict[str, str] | None = None,
                  lang_check_confidence: float = 0.9, lang_check_min_chars: int = 100):
         import ctranslate2
@@ -78,20 +83,23 @@ class Translator:
         self.decode = (decode_ratio, decode_extra, max_decode_tokens)
         self.options = {"repetition_penalty": repetition_penalty,
                         "no_repeat_ngram_size": no_repeat_ngram_size}
+        # per direction (cell): a corpus may set its own (translate.documents[].lang_check)
+        self.lang_checks = list(lang_checks or [lang_check] * len(directions))
         self.lang_check_min_chars = lang_check_min_chars
         self.lang_check_confidence = lang_check_confidence
         self.detector = (_detector(lingua_names, lingua_expected or {})
-                         if lang_check != "off" and lingua_names else None)
+                         if set(self.lang_checks) != {"off"} and lingua_names else None)
 
     # ---- per row ---------------------------------------------------------------------
-    def _check(self, text: str | None, src: str, error: str | None, kind: str) -> str | None:
+    def _check(self, text: str | None, src: str, error: str | None, kind: str,
+               lang_check: str = "error") -> str | None:
         if error is not None:
             return f"input record has an error: {error}"
         if text is None or not text.strip():
             return "empty text: nothing to translate"
         # Only documents: on a one-line query lingua's fast mode is wrong too often (an
         # English CIRAL topic read as Turkish at 0.93), and topic files are one language.
-        if self.detector is None or kind != "doc":
+        if self.detector is None or kind != "doc" or lang_check == "off":
             return None
         return self._wrong_language(text, src)
 
@@ -103,7 +111,7 @@ class Translator:
             return None  # lingua cannot check this language, or too little text to tell
         best = detector.compute_language_confidence_values(sample)[0]
         if best.language != want and best.value >= self.lang_check_confidence:
-            return (f"wrong language: declared '{src}' but the text looks like "
+            return (f"{WRONG_LANGUAGE}: declared '{src}' but the text looks like "
                     f"{best.language.name.title()} (confidence {best.value:.2f}); fix the corpus "
                     f"language or set translate.lang_check=off")
         return None
@@ -116,11 +124,16 @@ class Translator:
         cols = {c: batch[c].to_pylist() for c in ("_cell", "id", "kind", "title", "text", "error")}
         n = batch.num_rows
         errors: list[str | None] = [None] * n
+        flags: list[str | None] = [None] * n
         docs: list[tuple[list[int], list[Piece]] | None] = [None] * n  # (structure, pieces)
         pieces: list[tuple[int, Piece]] = []  # (row, piece) for the whole batch: one window
         for r in range(n):
             src, src_code, _, _ = self.directions[cols["_cell"][r]]
-            errors[r] = self._check(cols["text"][r], src, cols["error"][r], cols["kind"][r])
+            check = self.lang_checks[cols["_cell"][r]]
+            errors[r] = self._check(cols["text"][r], src, cols["error"][r], cols["kind"][r],
+                                    check)
+            if errors[r] and check == "flag" and errors[r].startswith(WRONG_LANGUAGE):
+                flags[r], errors[r] = errors[r], None  # translated anyway, the finding kept
             if errors[r]:
                 continue
             try:
@@ -141,7 +154,7 @@ class Translator:
                    "n_segments": None, "n_src_tokens": None, "n_tgt_tokens": None,
                    "n_truncated": None, "model": self.model_name,
                    "compute_type": self.compute_type, "beam_size": self.beam_size,
-                   "segmenter": self.segmenter, "error": errors[r]}
+                   "segmenter": self.segmenter, "error": errors[r], "lang_flag": flags[r]}
             if docs[r] is not None:
                 ks = by_row.get(r, [])
                 row.update(self._assemble(docs[r][0], [pieces[k][1] for k in ks],

@@ -3,8 +3,10 @@
 `python -m xling.dev.scripted_llm --port 8977` serves `/v1/models` and
 `/v1/chat/completions` on 127.0.0.1. Its models stand in for API models that the demo cannot
 call:
-- `scripted-good` / `scripted-fair`: RAG answers in MIRAGE's `##Reason: ... ##Answer: ...`
-  format citing the first passage (good) or nothing (fair), each with a `QUALITY=<n>` marker;
+- `scripted-best` / `scripted-good` / `scripted-fair` / `scripted-poor`: RAG answers in
+  MIRAGE's `##Reason: ... ##Answer: ...` format citing the first passage (best, good) or
+  nothing (fair, poor), each with a `QUALITY=<n>` marker (four strengths, so that the demo
+  can hold out two models and still train the surrogate on three, with the tiny model);
 - `scripted-judge`: the arena judge. On a pair prompt it prefers the answer with the higher
   marker (an answer without one, such as the tiny model's, counts 0) and says `[[C]]` on a
   tie, except on about a third of the questions (by a hash of the question), where it
@@ -24,7 +26,7 @@ import argparse
 import hashlib
 import re
 
-QUALITY = {"scripted-good": 2, "scripted-fair": 1}
+QUALITY = {"scripted-best": 4, "scripted-good": 3, "scripted-fair": 2, "scripted-poor": 1}
 
 
 CROSS_READERS = ("cross-perfect", "cross-unanswerable")
@@ -40,7 +42,7 @@ def reply(prompt: str, model: str) -> str:
     if model in QUALITY:
         ctx = prompt.split("Contexts:", 1)[-1]
         first = re.search(r"^\[([^\]]+)\]", ctx.strip(), re.M)
-        cite = f" [{first.group(1)}]" if first and model == "scripted-good" else ""
+        cite = f" [{first.group(1)}]" if first and QUALITY[model] >= 3 else ""
         return (f"##Reason: The contexts answer the question{cite}.\n"
                 f"##Answer: See the first context{cite}. QUALITY={QUALITY[model]}")
     if "Assistant A's Answer]" in prompt:

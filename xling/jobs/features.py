@@ -221,6 +221,8 @@ class FeaturesStage(Stage):
         out = {"scored": {"rows": t.num_rows,
                           "failed": int(pc.sum(pc.is_valid(t["error"])).as_py() or 0),
                           "from_cache": int(pc.sum(pc.equal(t["cached"], True)).as_py() or 0)}}
+        if cell.key["scorer"] == "llm":  # e.g. MIRAGE's wording of features 10-11 (issue 45)
+            out.update(self.study(cfg).llm_setting(cell.params.get("options") or {}))
         if cell.key["scorer"] == "langid":  # which detector made features 1-2 (issue 27)
             from xling.tasks.text import backend_version
 

@@ -181,6 +181,7 @@ class NarrowStage(Stage):
                            "errors": sum(1 for s in selections if s["error"]),
                            "file": SELECTIONS},
             "hit_at_k": hits,
+            "selection": study.selection_summary(opts, selections),
             "cache_dir": cache_dir(cfg.narrow.model, vector_settings(cfg.narrow), clang)}}
 
 

@@ -117,18 +117,26 @@ def prompt_sets(cfg: XlingConfig) -> list[dict]:
     return out
 
 
-def translations(cfg: XlingConfig, store: RunStore, cell_id: str) -> dict[str, str]:
-    """doc_id -> English text of a committed translate cell (error rows left out: the study
-    then reports those articles as missing)."""
+def translations(cfg: XlingConfig, store: RunStore, cell_id: str
+                 ) -> tuple[dict[str, str], dict[str, str]]:
+    """(doc_id -> English text, doc_id -> language-check flag) of a committed translate cell
+    (error rows left out: the study then reports those articles as missing; flags only from
+    cells made with translate.lang_check: flag)."""
     import pyarrow.compute as pc
 
     from xling.core.status import read_cell
 
     cell = next(c for c in TranslateStage().cells(cfg) if c.id == cell_id)
     require_done(store, cell, "the study's prompts")
-    t = read_cell(store, cell.dir, columns=["id", "text", "error"])
+    spec = next((s for s in cfg.translate.documents if s.name == cell.key["source"]), None)
+    flagged = ((spec.lang_check if spec is not None else None) or cfg.translate.lang_check) \
+        == "flag"
+    t = read_cell(store, cell.dir, columns=["id", "text", "error",
+                                            *(["lang_flag"] if flagged else [])])
     t = t.filter(pc.is_null(t["error"]))
-    return dict(zip(t["id"].to_pylist(), t["text"].to_pylist()))
+    ids = t["id"].to_pylist()
+    flags = ({i: f for i, f in zip(ids, t["lang_flag"].to_pylist()) if f} if flagged else {})
+    return dict(zip(ids, t["text"].to_pylist())), flags
 
 
 def prompt_rows(cfg: XlingConfig, ps: dict) -> pa.Table:
@@ -139,7 +147,8 @@ def prompt_rows(cfg: XlingConfig, ps: dict) -> pa.Table:
     store = RunStore(cfg.run_root)
     inputs = StudyInputs()
     if "translation" in ps:
-        inputs.translations = translations(cfg, store, ps["translation"])
+        inputs.translations, inputs.translation_flags = translations(cfg, store,
+                                                                     ps["translation"])
     if "selection" in ps:
         cell = next(c for c in NarrowStage().cells(cfg) if c.id == ps["selection"])
         inputs.selections = read_selections(store, cell)

@@ -58,6 +58,10 @@ class _Targets(Strict):
 class TranslateCorpus(CorpusSpec, _Targets):
     """A corpus to translate from each of `langs` into each of `targets`."""
 
+    lang_check: Literal["error", "flag", "off"] | None = Field(
+        None, description="this corpus's language check (see translate.lang_check); default: "
+                          "translate.lang_check")
+
 
 class TranslateTopics(TopicSpec, _Targets):
     """Topics to translate (QT) from each of `langs` into each of `targets`."""
@@ -92,8 +96,11 @@ class TranslateConfig(Strict):
                                                              "penalty; 1.0 is none")
     no_repeat_ngram_size: int = Field(0, ge=0, description="forbid repeating n-grams of "
                                                            "this size; 0 is off")
-    lang_check: Literal["error", "off"] = Field(
-        "error", description="error: a document that looks like another language is an error row")
+    lang_check: Literal["error", "flag", "off"] = Field(
+        "error", description="error: a document that looks like another language is an error "
+                             "row; flag: it is translated anyway and the finding kept in "
+                             "`lang_flag` (XRAG uses such translations, as the paper "
+                             "answered every item); off: no check")
     device: Literal["auto", "cpu", "cuda"] = NoHash("auto", description="auto: cuda where "
                                                     "the actor has a GPU, else cpu")
     inter_threads: int = NoHash(1, ge=1, description="CTranslate2 replicas per actor")
@@ -172,7 +179,8 @@ class TranslateStage(Stage):
         for kind, spec, where in _sources(cfg):
             # Other languages and targets of the source are not this cell's business: adding
             # one must not invalidate the cells already done.
-            source = {k: v for k, v in hashable(spec).items() if k not in ("langs", "targets")}
+            source = {k: v for k, v in hashable(spec).items() if k not in ("langs", "targets")
+                      and not (k == "lang_check" and v is None)}  # unset: ids as before
             for src in spec.langs:
                 files = spec_files(spec, src, where)
                 for tgt in spec.targets:
@@ -223,6 +231,7 @@ class TranslateStage(Stage):
             decode_extra=tc.decode.extra, max_decode_tokens=tc.decode.max_tokens,
             repetition_penalty=tc.repetition_penalty,
             no_repeat_ngram_size=tc.no_repeat_ngram_size, lang_check=tc.lang_check,
+            lang_checks=[c.params["source"].get("lang_check") or tc.lang_check for c in cells],
             lingua_names=lingua,
             lingua_expected={src: lingua_language(src) for src, *_ in directions
                              if lingua_language(src)})

@@ -69,6 +69,11 @@ class Study(ABC):
         """`study.options` -> the options dict; raises pydantic's ValidationError."""
         return self.Options.model_validate(dict(raw or {})).as_options()
 
+    def check_config(self, opts: Opts, cfg) -> None:
+        """Checks of the options against the rest of the config (e.g. the models that
+        generate runs), at `xling validate`, before any stage: raise ValueError naming the
+        fix (shown as one config error). Nothing by default."""
+
     def required_sections(self, opts: Opts) -> dict[str, str]:
         """Config sections these options need -> why (config.py checks them)."""
         return dict(self.requires)
@@ -129,6 +134,8 @@ class StudyInputs:
     for a `Translated` setting, the narrow stage's selections for a `Narrowed` one."""
 
     translations: dict[str, str] | None = None
+    # doc id -> the language check's finding on a translation made anyway (lang_check: flag)
+    translation_flags: dict[str, str] | None = None
     selections: Any = None
 
 
@@ -184,6 +191,11 @@ class Narrowed(Study):
     @abstractmethod
     def hits_at(self, selections: Sequence[Mapping], ks: Sequence[int]) -> dict[str, float]: ...
 
+    def selection_summary(self, opts: Opts, selections: Sequence[Mapping]) -> dict:
+        """What the narrow manifest records about the selections beside hit@k (e.g. how
+        many needles ended up as a sentence of their own); none by default."""
+        return {}
+
 
 class Judged(Study):
     """A judge panel rates each generation."""
@@ -225,6 +237,11 @@ class Featured(Study):
     @abstractmethod
     def langid_langs(self, opts: Opts) -> list[str]:
         """The languages the langid scorer tells apart."""
+
+    def llm_setting(self, opts: Opts) -> dict:
+        """What the llm scorer's manifest records about its prompts (e.g. their wording);
+        nothing by default."""
+        return {}
 
     @abstractmethod
     def llm_feature_names(self, opts: Opts) -> list[str]:

@@ -254,6 +254,9 @@ _ROWS: list[Language] = [
     _lang("sr", "Serbian", "srp_Cyrl", "SERBIAN"),
     _lang("tg", "Tajik", "tgk_Cyrl", None),
     _lang("ti", "Tigrinya", "tir_Ethi", None),
+    # Amharic, the other Ethiopic-script language of the CROSS audit's real text (lingua 1.x
+    # has no Amharic).
+    _lang("am", "Amharic", "amh_Ethi", None),
     # BordIRLines/countries_info call it "Filipino" with code tl -> Tagalog tgl_Latn.
     _lang("tl", "Tagalog", "tgl_Latn", "TAGALOG"),
     _lang("tr", "Turkish", "tur_Latn", "TURKISH"),

@@ -16,8 +16,18 @@ serves every language of the five papers and each result can record which rules 
   between digits (``4753820.5``), after a one-letter abbreviation (``U.S.``) or before a
   web or file suffix (``example.com``, ``a.pdf``); Thai and Lao, which mark sentences with
   spaces rather than punctuation, split at a space between two letters of the script (not
-  at the spaces Thai sets around numbers and foreign words). zh/ja text without
+  at the spaces Thai sets around numbers and foreign words), and keep phrases whole: no cut
+  inside brackets, before the repetition mark ๆ/ໆ, next to a connective (และ, หรือ, ซึ่ง,
+  ...), and a unit of fewer than ten letters joins its neighbour. zh/ja text without
   punctuation is not split at spaces: scraped CJK text has spaces where markup was removed.
+  Round two (``xling-text-2``): sentencex's cuts are kept only after a terminator (it also
+  cuts before list markers, "of A) Russia or B) Japan?", in every language); in scripts
+  without case, a full stop after a one-letter word or inside a chain of short ones is an
+  abbreviation (Thai พ.ศ., Ethiopic ዓ.ም, Telugu చ.కి.మీ., Arabic ق.م, Khmer គ.ស.); Thai,
+  Lao, Burmese and Ethiopic are cut by these rules alone (sentencex cuts พ.ศ. and ignores
+  ።); Ethiopic ``፡፡`` (two word spaces, the typed full stop) ends a sentence; nothing is cut
+  inside a CJK title ``《》〈〉``; a short speech tag after a closing quote (``。”她说。``,
+  ``。」と言った。``) stays with the quote.
 * :func:`count_units` / :func:`count_words`: whitespace words for scripts with word spaces,
   characters for those without (zh, ja, th, lo, km, my); :func:`word_unit` names the unit.
 * :func:`normalize_digits` (every Unicode decimal digit to ASCII) and :func:`parse_number` /
@@ -32,6 +42,7 @@ sentencex, lingua and langid are imported when first used.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 import unicodedata
@@ -58,7 +69,7 @@ __all__ = [
 ]
 
 # The version of xling's rules on top of sentencex; bump it when a rule changes results.
-RULES = "xling-text-1"
+RULES = "xling-text-2"
 
 # Scripts (ISO 15924, as in languages.Language.script) written without spaces between
 # words: counted in characters. Thai and Lao also mark sentence ends with spaces.
@@ -72,10 +83,12 @@ CASED_SCRIPTS = frozenset({"Latn", "Cyrl", "Grek", "Armn"})
 # question mark, Armenian full stop, Georgian paragraph separator.
 _STRONG = "。！？｡।॥؟۔។။።፧։჻"
 _CLOSERS = "\"'”’»」』）)]】》〉"
+# Ethiopic: two word spaces (፡፡) are typed for the full stop ። (Amharic news text).
+_ETHIOPIC_STOP = "፡፡"
 # Closing quotes and brackets, and Wikipedia's reference marks ("।[1][4]"), stay with the
 # sentence they close.
 _STRONG_RE = re.compile(
-    f"[{_STRONG}]+(?:[{re.escape(_CLOSERS)}]|\\[[^\\]\\s]{{1,12}}\\])*"
+    f"(?:[{_STRONG}]|{_ETHIOPIC_STOP})+(?:[{re.escape(_CLOSERS)}]|\\[[^\\]\\s]{{1,12}}\\])*"
     f"(?=\\s*[^\\s{re.escape(_CLOSERS)}\\[])")
 # A Latin full stop (or ! ?) glued to the next word: "tahay.Waxaan", "4753820.haa". Not
 # between digits (decimals) and not after a single letter ("U.S.", "e.g."): the match must
@@ -136,12 +149,41 @@ def _sentencex():
 
 
 def fingerprint() -> str:
-    """Names the segmenter and the rules, e.g. ``sentencex-1.0.32+xling-text-1``."""
+    """Names the segmenter and the rules, e.g. ``sentencex-1.0.32+xling-text-2``."""
     return f"sentencex-{version('sentencex')}+{RULES}"
 
 
 # Every rule's match above starts at one of these; a cut falls after it, inside the piece.
-_STOP_RE = re.compile(f"[{_STRONG}.!?]")
+_STOP_RE = re.compile(f"[{_STRONG}.!?፡]")
+
+# Scripts that xling cuts by its own rules alone: sentencex's Thai rules cut the era
+# abbreviation (พ.ศ. -> พ. / ศ.) and its fallback knows neither ። nor ၊ from ။.
+OWN_RULES_SCRIPTS = frozenset({"Thai", "Laoo", "Mymr", "Ethi"})
+# What a sentencex piece must end with for its cut to stand (before closing quotes and
+# reference marks): any script's full stop, ! or ?, the Armenian and Greek stops. sentencex
+# also cuts before list markers ("territory of A) Russia or B) Japan?"), which end nothing.
+_ENDS = f".!?…‼⁇⁈⁉．;:{_STRONG}፡"
+_END_TAIL_RE = re.compile(rf"[{re.escape(_ENDS)}][{re.escape(_CLOSERS)}\s]*"
+                          rf"(?:\[[^\]\s]{{1,12}}\])*[{re.escape(_CLOSERS)}\s]*$")
+# Titles in CJK text: 《奔跑吧！梅勒斯》 is one name, whatever stops it holds.
+_TITLE_RE = re.compile("《[^《》\n]{0,80}》|〈[^〈〉\n]{0,80}〉")
+# A speech tag after a quote's closing mark: 。”她说。 / 。」と彼は言った。 (a unit that short
+# is the attribution of the quote before it, not a sentence of its own).
+_SPEECH_TAG_RE = re.compile(r"^[^\s。！？]{0,6}(?:说|說|道|问|問|称|稱|表示|指出|回答|と[^。！？]{0,8})"
+                            r"[。！？]$|^と")
+_QUOTE_CLOSERS = "”’」』\""
+
+# Thai and Lao phrases: a space is no sentence end next to a connective ("and", "or",
+# "which", "of", "is", ...), before the repetition mark, or inside brackets; a unit of
+# fewer than this many letters (not counting marks) joins its neighbour.
+_MIN_PHRASE = 10
+_ABBREV_START = re.compile(r"[^\W\d_]{1,3}\.[^\W\d_]")  # "ปี พ.ศ. 2531": the era goes with it
+_THAI_CONNECTIVES = ("และ", "หรือ", "แต่", "ซึ่ง", "ที่", "โดย", "เพื่อ", "คือ", "ของ", "กับ",
+                     "ได้แก่", "เช่น", "อาทิ", "รวมทั้ง", "รวมถึง", "ตลอดจน", "จึง", "ก็", "ว่า",
+                     "เป็น", "ให้", "อย่างไรก็ตาม", "ๆ",
+                     "ແລະ", "ຫຼື", "ຫລື", "ແຕ່", "ຊຶ່ງ", "ເຊິ່ງ", "ທີ່", "ໂດຍ", "ເພື່ອ", "ຄື",
+                     "ຂອງ", "ກັບ", "ເປັນ", "ວ່າ", "ຈຶ່ງ", "ກໍ", "ໆ")
+_MARK = re.compile(r"[\u0300-\u036f\u0e31\u0e34-\u0e3a\u0e47-\u0e4e\u0eb1\u0eb4-\u0ebc\u0ec8-\u0ecd]")
 
 
 def _cuts(piece: str, script: str) -> list[int]:
@@ -164,9 +206,124 @@ def _rule_cuts(piece: str, script: str) -> list[int]:
             word = _word_before(piece, m.start())
             if len(word) >= 3 and word.islower() and piece[m.end()].isupper():
                 cuts.add(m.end())
+    elif script in OWN_RULES_SCRIPTS:
+        # no sentencex: ! and ? before a space end a sentence here too
+        cuts |= {m.end() for m in re.finditer(r"[!?]+(?=\s)", piece)}
     if script in SPACE_SENTENCE_SCRIPTS:
         cuts |= {m.end() for m in _THAI_SPACE_RE.finditer(piece)}
     return sorted(c for c in cuts if 0 < c < len(piece))
+
+
+def _base_letters(word: str) -> int:
+    """Letters of a word, not counting combining marks (Telugu కి is one, Thai พ one)."""
+    return sum(1 for c in word if unicodedata.category(c).startswith("L"))
+
+
+def _word_at(text: str, end: int) -> tuple[int, str]:
+    """The word (letters and marks) that ends at ``end``, with its start."""
+    start = end
+    while start > 0 and unicodedata.category(text[start - 1])[0] in "LM":
+        start -= 1
+    return start, text[start:end]
+
+
+def _abbreviation(text: str, stop: int) -> bool:
+    """Whether the full stop at ``stop`` (in a script without case) ends an abbreviation: a
+    one-letter word (డా., د.), or a short word in a chain of them (พ.ศ., ዓ.ም, చ.కి.మీ.,
+    ق.م., খ্রি. পূ.): it follows one ("ศ" of พ.ศ.) or another comes next."""
+    start, word = _word_at(text, stop)
+    n = _base_letters(word)
+    if n == 0 or n > 3:
+        return False
+    if n == 1:
+        return True
+    if start > 0 and text[start - 1] == ".":
+        return True
+    after = re.match(r" ?([^\W\d_][^\s.]{0,5})\.", text[stop + 1:stop + 9])
+    return bool(after and _base_letters(after.group(1)) <= 3)
+
+
+def _stop_before(text: str, cut: int) -> int:
+    """The position of the full stop a cut follows (over closers and spaces), or -1."""
+    i = cut - 1
+    while i >= 0 and (text[i].isspace() or text[i] in _CLOSERS):
+        i -= 1
+    return i if i >= 0 and text[i] == "." else -1
+
+
+def _sentencex_pieces(body: str, iso: str) -> list[tuple[int, int]]:
+    """sentencex's sentences of one line as (start, end) offsets, whitespace left out."""
+    pieces, cursor = [], 0
+    for piece in _sentencex()(iso, body):
+        core = piece.strip()
+        if not core:
+            continue
+        at = body.find(core, cursor)
+        if at < 0:  # sentencex changed the text: a bug to surface, not to paper over
+            raise RuntimeError(f"sentencex returned text not in the input: {core[:40]!r}")
+        cursor = at + len(core)
+        pieces.append((at, cursor))
+    return pieces
+
+
+def _line_cuts(body: str, language: Language) -> list[int]:
+    """The sentence boundaries inside one line (offsets into it)."""
+    script = language.script
+    if script in OWN_RULES_SCRIPTS:
+        pieces = [(0, len(body))]
+    else:
+        iso = _SENTENCEX_CODE.get(language.code, iso_code(language.code))
+        pieces = _sentencex_pieces(body, iso)
+    cuts = {b for a, b in pieces[:-1] if _END_TAIL_RE.search(body, a, b)}
+    for a, b in pieces:
+        cuts.update(a + c for c in _cuts(body[a:b], script))
+    if script not in CASED_SCRIPTS:
+        cuts = {c for c in cuts if (stop := _stop_before(body, c)) < 0
+                or not _abbreviation(body, stop)}
+    titles = [(m.start(), m.end()) for m in _TITLE_RE.finditer(body)]
+    if titles:
+        starts = [a for a, _ in titles]
+        cuts = {c for c in cuts if not ((i := bisect.bisect_left(starts, c) - 1) >= 0
+                                        and c < titles[i][1])}
+    if script in SPACE_SENTENCE_SCRIPTS:
+        cuts = _thai_phrases(body, cuts)
+    return sorted(c for c in cuts if 0 < c < len(body))
+
+
+def _bracket_depths(body: str) -> list[int]:
+    depth, out = 0, []
+    for ch in body:
+        out.append(depth)
+        depth = depth + 1 if ch in "([" else max(0, depth - 1) if ch in ")]" else depth
+    return out
+
+
+def _thai_phrases(body: str, cuts: set[int]) -> set[int]:
+    """Thai and Lao cuts kept only between phrases (see ``_THAI_CONNECTIVES``)."""
+    depth = _bracket_depths(body)
+    kept = set()
+    for c in cuts:
+        # a window each side: the connectives are short, and a whole-line slice per cut
+        # would cost a long line its length squared
+        before, after = body[max(0, c - 40):c].rstrip(), body[c:c + 40].lstrip()
+        if (depth[c] > 0 or after.startswith(_THAI_CONNECTIVES) or _ABBREV_START.match(after)
+                or before.endswith(_THAI_CONNECTIVES)) and not _END_TAIL_RE.search(before):
+            continue
+        kept.add(c)
+    # one pass: a short unit joins the next (the last one joins the one before it)
+    bounds, start = [], 0
+    for cut in sorted(kept):
+        if _letters(body[start:cut]) >= _MIN_PHRASE:
+            bounds.append(cut)
+            start = cut
+    if bounds and _letters(body[start:]) < _MIN_PHRASE:
+        bounds.pop()
+    return set(bounds)
+
+
+def _letters(unit: str) -> int:
+    """Characters of a Thai or Lao unit, not counting spaces and combining marks."""
+    return sum(1 for ch in _MARK.sub("", unit) if not ch.isspace())
 
 
 def _trimmed(text: str, start: int, end: int) -> tuple[int, int] | None:
@@ -179,29 +336,30 @@ def _trimmed(text: str, start: int, end: int) -> tuple[int, int] | None:
     return start + lead, start + lead + len(stripped)
 
 
+def _speech_tag(text: str, prev: tuple[int, int], span: tuple[int, int], script: str) -> bool:
+    """A CJK unit that is the speech tag of the quote the unit before it closes."""
+    return (script in ("Hans", "Hant", "Jpan") and text[prev[1] - 1] in _QUOTE_CLOSERS
+            and bool(_SPEECH_TAG_RE.search(text[span[0]:span[1]])))
+
+
 def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
     """(start, end) character offsets of the sentences of ``text``, in order, without the
     whitespace between them (see the module docstring for the rules)."""
     language = _lang(lang)
-    segment = _sentencex()
-    iso = _SENTENCEX_CODE.get(language.code, iso_code(language.code))
     spans: list[tuple[int, int]] = []
     for line in re.finditer(r"[^\n]+", text or ""):  # a line break always ends a sentence
-        offset, cursor = line.start(), 0
-        body = line.group()
-        for piece in segment(iso, body):
-            core = piece.strip()
-            if not core:
+        offset, body = line.start(), line.group()
+        bounds = [0, *_line_cuts(body, language), len(body)]
+        line_spans: list[tuple[int, int]] = []
+        for a, b in zip(bounds, bounds[1:]):
+            span = _trimmed(text, offset + a, offset + b)
+            if not span:
                 continue
-            at = body.find(core, cursor)
-            if at < 0:  # sentencex changed the text: a bug to surface, not to paper over
-                raise RuntimeError(f"sentencex returned text not in the input: {core[:40]!r}")
-            cursor = at + len(core)
-            bounds = [0, *_cuts(core, language.script), len(core)]
-            for a, b in zip(bounds, bounds[1:]):
-                span = _trimmed(text, offset + at + a, offset + at + b)
-                if span:
-                    spans.append(span)
+            if line_spans and _speech_tag(text, line_spans[-1], span, language.script):
+                line_spans[-1] = (line_spans[-1][0], span[1])
+            else:
+                line_spans.append(span)
+        spans += line_spans
     return spans
 
 

@@ -1,6 +1,7 @@
-"""Scoring: exact match (the paper's "exact match accuracy", L106: the 7-digit numbers of the
-answer are exactly the gold) first, and containment of the gold string (v1's only published
-scoring code, s1.7) second, both after digit and Chinese-numeral normalization (the text
+"""Scoring: exact match (the paper's "exact match accuracy", L106: the number the model gives
+as its answer is the gold, L293/L299; a comparative answer such as "4753820, larger than
+1218893" counts by its answer and is counted apart as `comparative`) first, and containment
+of the gold string (v1's only published scoring code, s1.7) second, both after digit and Chinese-numeral normalization (the text
 layer); the ``scoring`` option says which is ``correct``. Also the failure taxonomy
 (L178-181, L216-219), input reduction (L145-151), per-item scores and the metric rows."""
 
@@ -53,10 +54,43 @@ def contains_gold(output: str | None, gold: str) -> bool:
     return bool(output) and str(gold) in normalize_digits(output)
 
 
+# What may stand between the numbers of a bare list ("6316390, 7252750 and 4753820"): a list
+# names candidates, it does not answer which one is the largest.
+_LIST_GAP = re.compile(r"[\s,;/、，；&+]*(?:and|or|und|oder|et|ou|y|o|na|au|iyo|ama|và|hoặc|"
+                       r"dan|atau|и|или|و|أو|या|और|va|yoki|和|或|及)?[\s,;/、，；&+]*",
+                       re.IGNORECASE)
+
+
+def answer_number(output: str | None) -> str | None:
+    """The number the model gives as its answer (L299: accuracy is whether the model
+    "correctly identif[ies] ... the largest"; L293 "provide the correct answer"), not every
+    number it names: the only 7-digit number; of several, the one named most often, the first
+    on a tie ("The largest is 4753820, larger than 1218893" -> 4753820; "Comparing 1218893
+    and 4753820, the largest is 4753820" -> 4753820). None without a number, and for a bare
+    list of different numbers ("6316390, 7252750 and 4753820"), which answers nothing."""
+    text = normalize_digits(output or "")
+    found = list(_SEVEN_DIGITS.finditer(text))
+    if not found:
+        return None
+    numbers = [m.group() for m in found]
+    if len(set(numbers)) > 1 and all(
+            _LIST_GAP.fullmatch(text[a.end():b.start()]) for a, b in zip(found, found[1:])):
+        return None
+    counts = {n: numbers.count(n) for n in numbers}
+    return max(dict.fromkeys(numbers), key=lambda n: counts[n])  # first of the most named
+
+
+def is_comparative(output: str | None) -> bool:
+    """An answer that names other numbers beside its own ("... larger than 1218893"): the
+    tables count these apart, so that either reading of them can be checked."""
+    numbers = set(seven_digit_numbers(output or ""))
+    return len(numbers) > 1 and answer_number(output) is not None
+
+
 def strict_correct(output: str | None, gold: str) -> bool:
     """Exact match (``scoring: exact``, the default; L106 "exact match accuracy"): the
-    7-digit numbers of the normalized output are exactly {gold}."""
-    return bool(output) and set(seven_digit_numbers(output)) == {str(gold)}
+    answer the model gives (:func:`answer_number`) is the gold."""
+    return bool(output) and answer_number(output) == str(gold)
 
 
 def is_unanswerable(output: str | None, qlang: str | None = None,
@@ -80,7 +114,8 @@ def score_output(output: str | None, gold: str, *, qlang: str | None = None,
     strict, contains = strict_correct(output, gold), contains_gold(output, gold)
     return {"correct": strict if scoring == "exact" else contains, "strict": strict,
             "contains": contains, "unanswerable": is_unanswerable(output, qlang, templates),
-            "numbers": seven_digit_numbers(output or "")}
+            "numbers": seven_digit_numbers(output or ""), "answer": answer_number(output),
+            "comparative": is_comparative(output)}
 
 
 def failure_class(*, correct: bool, target_in_cap: bool, all_in_cap: bool | None = None,
@@ -105,9 +140,16 @@ def failure_class(*, correct: bool, target_in_cap: bool, all_in_cap: bool | None
     return "llm_failure", "llm_unanswerable" if unanswerable else "llm_incorrect"
 
 
-def system_name(method: str, k) -> str:
-    """``cross@<k>`` for CROSS at a cap, else the method (a column of the tables)."""
-    return f"cross@{int(k)}" if method == "cross" else method
+ORACLE_LABEL = " (oracle)"
+
+
+def system_name(method: str, k, oracle: bool = False) -> str:
+    """``cross@<k>`` for CROSS at a cap, else the method (a column of the tables); CROSS on
+    the oracle splitter's sentences (needles cut out by their template) is ``cross@<k>
+    (oracle)``, so that no table shows it as the method's own result."""
+    if method != "cross":
+        return method
+    return f"cross@{int(k)}" + (ORACLE_LABEL if oracle else "")
 
 
 def _score_one(row: Mapping, rule: str, templates: Mapping | None, scoring: str) -> dict:
@@ -117,6 +159,8 @@ def _score_one(row: Mapping, rule: str, templates: Mapping | None, scoring: str)
         return row[key] if key in row and row[key] is not None else meta.get(key, default)
 
     method, k = get("method"), get("k")
+    oracle = bool(get("oracle", False)) and method == "cross"
+    isolated = [f for f in (get("needle_isolated") or []) if f is not None]
     gold = get("gold") or gold_label(get("labels"))
     qlang = get("qlang")
     refused = bool(row.get("too_long") or row.get("refused"))
@@ -132,7 +176,9 @@ def _score_one(row: Mapping, rule: str, templates: Mapping | None, scoring: str)
         "model": row.get("model", "model"), "item_id": row.get("item_id"),
         "setting": row.get("setting") or setting_name(get("needles"), method, k),
         "needles": get("needles"), "method": method, "k": k,
-        "system": system_name(method, k), "qlang": qlang, "clang": get("clang"),
+        "system": system_name(method, k, oracle), "oracle": oracle,
+        "needles_isolated": sum(1 for f in isolated if f), "needles_known": len(isolated),
+        "qlang": qlang, "clang": get("clang"),
         "length": get("length"), "length_value": get("length_value"),
         "position": get("position"), "run": get("run"), "gold": gold,
         "correct": scored["correct"] and not refused,
@@ -140,6 +186,7 @@ def _score_one(row: Mapping, rule: str, templates: Mapping | None, scoring: str)
         "contains": scored["contains"] and not refused, "scoring": scoring,
         "unit": get("unit"), "depth": get("depth"),
         "unanswerable": scored["unanswerable"], "refused": refused,
+        "comparative": scored["comparative"],
         "failure": cls, "failure_detail": detail,
         "target_in_cap": target_in, "all_in_cap": all_in,
         "target_rank": get("target_rank"),
@@ -221,12 +268,20 @@ def _group_metrics(setting: str, lang: str, model: str, group: list[dict]) -> li
                         ("containment_accuracy", "contains")):
         k = sum(1 for i in group if i.get(key))
         add(metric, 100.0 * k / n, n, *wilson(k, n))
+    k = sum(1 for i in group if i.get("comparative"))
+    add("comparative_answers", 100.0 * k / n, n)  # answers that also name other numbers
     for cls in (*FAILURE_DETAILS[1:], "error"):
         k = sum(1 for i in group if i.get("failure_detail", i.get("failure")) == cls)
         add(cls, 100.0 * k / n, n)
     if needs_selection(setting):
         k = sum(1 for i in group if i.get("target_in_cap"))
         add("hit", 100.0 * k / n, n, *wilson(k, n))
+        # the splitter: 100 = the oracle ablation (needles cut out by template), 0 = blind
+        add("oracle_splitter", 100.0 * any(i.get("oracle") for i in group), n)
+        known = sum(i.get("needles_known") or 0 for i in group)
+        if known:
+            add("needle_isolated", 100.0 * sum(i.get("needles_isolated") or 0 for i in group)
+                / known, known)
     for red in ("reduction_words", "reduction_tokens"):
         vals = [i[red] for i in group if i.get(red) is not None and not pd.isna(i[red])]
         if vals:

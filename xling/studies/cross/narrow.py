@@ -27,7 +27,7 @@ NARROW_OPTIONS = ("needles", "ks", "query_langs", "query_text", "prompt_variant"
 
 SELECTION_FIELDS = ("context_id", "needles", "clang", "qlang", "length", "position", "run",
                     "n_sentences", "top_idx", "top_score", "label_idx", "label_rank",
-                    "target_idx", "target_rank", "splitter_fp", "error")
+                    "target_idx", "target_rank", "splitter_fp", "needle_isolated", "error")
 
 
 def narrow_langs(opts: Mapping) -> list[str]:
@@ -126,8 +126,21 @@ def select(opts: Mapping, clang: str, vectors: Mapping[str, np.ndarray], *,
                         "label_idx": [int(i) for i in split.label_idx], "label_rank": ranks,
                         "target_idx": int(split.target_idx),
                         "target_rank": ranks[ctx["target"]] if ranks else None,
-                        "splitter_fp": split.splitter_fp, "error": None})
+                        "splitter_fp": split.splitter_fp,
+                        "needle_isolated": list(split.needle_isolated), "error": None})
     return [{f: r.get(f) for f in SELECTION_FIELDS} for r in out]
+
+
+def needle_summary(selections: Iterable[Mapping]) -> dict:
+    """How many needles ended up as a sentence of their own (one count per context, not per
+    query language), and the share; ``unknown``: needles no template found."""
+    per_context = {s["context_id"]: s.get("needle_isolated") or [] for s in selections
+                   if not s.get("error")}
+    flags = [f for v in per_context.values() for f in v]
+    known = [f for f in flags if f is not None]
+    return {"needles": len(flags), "isolated": sum(1 for f in known if f),
+            "unknown": len(flags) - len(known),
+            "isolated_share": (100.0 * sum(1 for f in known if f) / len(known)) if known else None}
 
 
 def hits_at(selections: Iterable[Mapping], ks: Sequence[int]) -> dict[str, float]:

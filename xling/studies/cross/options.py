@@ -5,6 +5,7 @@ documentation. ``Options.model_validate(raw).as_options()`` is the dict cell par
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Annotated, Any, Literal
@@ -151,20 +152,26 @@ class Options(StudyOptions):
     query_text: Literal["question", "instruction"] = Field("question", description=(
         "What the sentences are ranked against: the question sentence in the query language, "
         "or the whole instruction (the paper says only \"the query\", L55)."))
-    splitter: Literal["multilingual", "punkt_english", "punkt_untrained"] = Field(
+    splitter: Literal["multilingual", "punkt_english", "punkt_untrained", "oracle"] = Field(
         "multilingual", description=(
-            "The sentence splitter: `multilingual` (default: xling's text layer, "
-            "xling/tasks/text.py, which ends sentences at every script's terminators, and each "
-            "needle cut out as a sentence of its own), `punkt_english` (compat: NLTK Punkt "
+            "The sentence splitter. Blind (the text alone, as the paper's method): "
+            "`multilingual` (default: xling's text layer, xling/tasks/text.py, which ends "
+            "sentences at every script's terminators), `punkt_english` (compat: NLTK Punkt "
             "with the English parameters for every language, v1's choice, s2.1, reproducing "
-            "the paper), or untrained Punkt. Prompt rows record its fingerprint."))
+            "the paper), or untrained Punkt. `oracle` is an ablation that uses gold "
+            "knowledge: the text layer's sentences with each needle cut out as a sentence of "
+            "its own by its template; every table labels it \"oracle\". Prompt rows and "
+            "selections record its fingerprint and, per needle, whether the needle ended up as "
+            "a sentence of its own (`needle_isolated`)."))
     extra_terminators: list[Character] = Field(default_factory=list, description=(
         "Punkt splitters only: single characters that also end a sentence, e.g. "
         "`[\"।\", \"؟\", \"۔\"]` (a flagged variant, s2.1)."))
     scoring: Literal["exact", "containment"] = Field("exact", description=(
         "The primary metric (`accuracy`): `exact` (default; the paper's \"exact match\", "
-        "L106: the 7-digit numbers of the answer are exactly the gold, after digit and "
-        "Chinese-numeral normalization) or `containment` (compat: the gold string occurs in "
+        "L106: the number the model gives as its answer is the gold, L293/L299 \"correctly "
+        "identifies ... the largest\"; of several numbers the one named most often, a bare "
+        "list of candidates answers nothing; after digit and Chinese-numeral normalization) "
+        "or `containment` (compat: the gold string occurs in "
         "the answer, v1's only published scoring code, s1.7). Both are reported "
         "(`exact_accuracy`, `containment_accuracy`)."))
     lengths: list[str] | None = Field(None, description=(
@@ -256,7 +263,7 @@ class Options(StudyOptions):
         """Two files of one language and needle count need distinct tags (their context ids
         would collide); a context language run with `cross` or `needle_only` needs a needle
         template (where the needle is, what the needle-only prompt shows)."""
-        if self.splitter == "multilingual" and self.extra_terminators:
+        if self.splitter in ("multilingual", "oracle") and self.extra_terminators:
             raise ValueError("extra_terminators apply to the Punkt splitters; the multilingual "
                              "splitter already ends sentences at every script's terminators "
                              "(drop extra_terminators or set splitter: punkt_english)")
@@ -279,7 +286,52 @@ class Options(StudyOptions):
                                  "needle-only prompt would be the bare number; add "
                                  "`languages.<code>.needle` (and `needle_variants`) or drop the "
                                  "methods cross and needle_only")
+            templates = load_templates(self.templates)
+            for entry in self.data:
+                if entry.lang in (self.context_langs or []):
+                    problem = unmatched_needles(entry.path, entry.lang, self.templates,
+                                                entry.length_unit, entry.needles, templates)
+                    if problem:
+                        raise ValueError(problem)
         return self
+
+
+@functools.lru_cache(maxsize=64)
+def _unmatched(path: str, stamp: tuple, lang: str, templates_path: str | None,
+               length_unit: str | None, needles: int | None) -> str | None:
+    from .data import load_file
+    from .split import needle_spans
+
+    templates = load_templates(templates_path)
+    bad, total, example = 0, 0, None
+    for ctx in load_file(path, lang=lang, length_unit=length_unit, needles=needles):
+        if ctx.get("error"):
+            continue
+        for (_, _, how), label, city in zip(needle_spans(ctx, templates), ctx["labels"],
+                                            ctx["cities"]):
+            total += 1
+            if how != "template":
+                bad += 1
+                example = example or (ctx["context_id"], city, label)
+    if not bad:
+        return None
+    cid, city, label = example
+    return (f"{path}: {bad} of {total} needles match no needle template of {lang!r} (first: "
+            f"{cid}, city {city!r}, label {label}); CROSS would not know the needle sentence. "
+            f"Fix languages.{lang}.needle / needle_variants in the templates file to the "
+            "file's needle wording, or drop the methods cross and needle_only")
+
+
+def unmatched_needles(path: str, lang: str, templates_path: str | None,
+                      length_unit: str | None = None, needles: int | None = None,
+                      templates=None) -> str | None:
+    """An error message when some needle of a data file matches no needle template of its
+    language (read once per file version), else None. A URI is checked when it is read."""
+    if "://" in path:
+        return None
+    st = os.stat(path)
+    return _unmatched(path, (st.st_size, st.st_mtime_ns), lang, templates_path, length_unit,
+                      needles)
 
 
 def _check_prompts(qlangs: list[str], opts: dict) -> None:

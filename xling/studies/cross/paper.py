@@ -43,12 +43,15 @@ PROMPT_VARIANTS = ("paper", "no_unanswerable")  # L234: the UNANSWERABLE sentenc
 ORDERS = ("score", "document")
 JOINS = (" ", "\n")
 QUERY_TEXTS = ("question", "instruction")
-# "multilingual": the text layer (xling/tasks/text.py), the default; "punkt_english": v1's
-# splitter for every language (s2.1), the compat setting that reproduces the paper.
-SPLITTERS = ("multilingual", "punkt_english", "punkt_untrained", "punkt_trained")
-# "exact": the set of 7-digit numbers in the answer is exactly {gold} (the paper's "exact
-# match", L106, "correctly identifies ... the largest", L299), the default; "containment":
-# the gold string occurs in the answer (v1's only published scoring code, s1.7).
+# "multilingual": the text layer (xling/tasks/text.py), blind, the default; "punkt_english":
+# v1's splitter for every language (s2.1), the compat setting that reproduces the paper;
+# "oracle": the text layer with each needle cut out by its template (gold knowledge: an
+# ablation, labelled "oracle" in every table).
+SPLITTERS = ("multilingual", "punkt_english", "punkt_untrained", "punkt_trained", "oracle")
+ORACLE_SPLITTERS = ("oracle",)
+# "exact": the number the model gives as its answer is the gold (the paper's "exact match",
+# L106, "correctly identifies ... the largest", L299; metrics.answer_number), the default;
+# "containment": the gold string occurs in the answer (v1's only published scoring code, s1.7).
 SCORINGS = ("exact", "containment")
 FAILURE_RULES = ("target", "all")
 FAILURE_DETAILS = ("correct", "embedding_failure", "llm_unanswerable", "llm_incorrect",

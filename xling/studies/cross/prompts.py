@@ -16,7 +16,7 @@ from xling.tasks.text import count_units
 from .data import NUMBER_IN_TEXT, load_contexts
 from .paper import STUDY
 from .rank import label_ranks, rank, selection_text
-from .split import ContextSplit, Splitter, context_split, splitter_for
+from .split import ContextSplit, Splitter, context_split, splitter_for, splitter_is_oracle
 from .templates import load_templates, prompt_template
 
 
@@ -144,6 +144,8 @@ def given_text(ctx: Mapping, method: str, k: int | None = None, *,
     info: dict[str, Any] = {"n_sentences": split.n_sentences, "splitter_fp": split.splitter_fp,
                             "n_merged": split.n_merged, "n_isolated": split.n_isolated,
                             "needle_match": [how for _, _, how in split.needle_spans],
+                            "needle_isolated": list(split.needle_isolated),
+                            "oracle": splitter_is_oracle(split.splitter_fp),
                             "depths": depths, "depth": depths[ctx["target"]],
                             "label_idx": list(split.label_idx),
                             "target_idx": split.target_idx, "label_rank": None,

@@ -1,8 +1,14 @@
 """Sentence splitting: the multilingual text layer (``xling.tasks.text``, the default) or, as
 compat settings, NLTK's Punkt without the ``punkt_tab`` download (English parameters shipped
 in ``data/punkt_tab_english``, s2.1, v1's choice for every language); each splitter named by
-a fingerprint; and a context's sentences with every needle kept inside one sentence (and,
-with the multilingual splitter, made a sentence of its own)."""
+a fingerprint; and a context's split.
+
+Every splitter but ``oracle`` is blind: a context's sentences are a function of its text and
+language alone, as the paper's method sees them. Where the needles are is measured *after*
+the split, for evaluation only (which sentence holds each label, and whether each needle
+ended up as a sentence of its own: ``needle_isolated``). ``oracle`` is the ablation that
+uses gold knowledge: the text layer's sentences with each needle found by its template, kept
+whole and cut out as a sentence of its own; every table that shows it says "oracle"."""
 
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from typing import Any, NamedTuple
 from xling.tasks import text as text_layer
 
 from .data import NUMBER_IN_TEXT
-from .paper import PUNKT_ENGLISH_DIR, SPLITTERS
+from .paper import ORACLE_SPLITTERS, PUNKT_ENGLISH_DIR, SPLITTERS
 from .templates import load_templates
 
 
@@ -33,8 +39,9 @@ class Sentence(NamedTuple):
 @dataclass(frozen=True, eq=False)
 class Splitter:
     """A sentence splitter; ``fingerprint`` names it in results. ``multilingual`` (no
-    tokenizer) segments with the text layer in the text's language and cuts each needle out
-    as a sentence of its own (``isolates_needles``); the Punkt kinds ignore the language."""
+    tokenizer) segments with the text layer in the text's language; ``oracle`` does too and
+    then cuts each needle out as a sentence of its own by its template (``isolates_needles``,
+    the oracle ablation); the Punkt kinds ignore the language."""
 
     kind: str
     sent_end_chars: tuple[str, ...]
@@ -43,7 +50,7 @@ class Splitter:
 
     @property
     def isolates_needles(self) -> bool:
-        return self.kind == "multilingual"
+        return self.kind == "oracle"
 
     def spans(self, text: str, lang: str | None = None) -> list[tuple[int, int]]:
         if self.tokenizer is None:
@@ -86,12 +93,12 @@ def _params_digest(params) -> str:
 
 
 def _make_splitter(kind: str, extra: tuple[str, ...], train_text: str | None) -> Splitter:
-    if kind == "multilingual":
+    if kind in ("multilingual", "oracle"):
         if extra:
             raise ValueError("extra_terminators apply to the Punkt splitters; the multilingual "
                              "splitter already ends sentences at every script's terminators")
-        return Splitter(kind, (), f"multilingual:{text_layer.fingerprint()}:isolate_needles",
-                        None)
+        suffix = ":oracle_isolate_needles" if kind == "oracle" else ""
+        return Splitter(kind, (), f"{kind}:{text_layer.fingerprint()}{suffix}", None)
     import nltk
     from nltk.tokenize.punkt import (PunktLanguageVars, PunktParameters,
                                      PunktSentenceTokenizer, PunktTrainer)
@@ -133,6 +140,11 @@ def make_splitter(kind: str = "multilingual", extra_terminators: Iterable[str] =
             train_text = "\n\n".join(train_text)
         return _make_splitter(kind, extra, train_text)
     return _cached_splitter(kind, extra)
+
+
+def splitter_is_oracle(fingerprint: str | None) -> bool:
+    """Whether a splitter fingerprint names the oracle ablation."""
+    return str(fingerprint or "").split(":", 1)[0] in ORACLE_SPLITTERS
 
 
 def splitter_for(opts: Mapping) -> Splitter:
@@ -222,8 +234,9 @@ def isolate_spans(text: str, spans: Sequence[tuple[int, int]],
 class ContextSplit:
     """A context's sentences: ``spans`` (start, end) in order (index = position in the list),
     ``label_idx`` (the sentence of each label), ``target_idx`` (of the gold label), the
-    needle spans, how many sentence merges protecting them took, how many cuts isolating
-    them took (multilingual splitter), and the splitter."""
+    needle spans (found after a blind split, for evaluation), how many sentence merges
+    protecting them and cuts isolating them the oracle took, the splitter, and per needle
+    whether it is a sentence of its own (None where no template found the needle)."""
 
     spans: tuple[tuple[int, int], ...]
     label_idx: tuple[int, ...]
@@ -232,6 +245,7 @@ class ContextSplit:
     n_merged: int
     splitter_fp: str
     n_isolated: int = 0
+    needle_isolated: tuple[bool | None, ...] = ()
 
     @property
     def n_sentences(self) -> int:
@@ -244,21 +258,46 @@ class ContextSplit:
 _SPLIT_CACHE: dict[tuple, ContextSplit] = {}
 
 
+def blind_spans(text: str, lang: str, splitter: Splitter) -> list[tuple[int, int]]:
+    """A blind splitter's sentences: the text and its language, nothing else."""
+    return splitter.spans(text, lang)
+
+
+# What may trail a needle inside its own sentence: a full stop of any script, space.
+_TRAIL = " \t.。।።!?"
+
+
+def needle_isolated(text: str, spans: Sequence[tuple[int, int]],
+                    needles: Sequence[tuple[int, int, str]]) -> list[bool | None]:
+    """Per needle: is the sentence holding it the needle and nothing else (a full stop aside)?
+    None for a needle no template found (its extent is unknown)."""
+    out: list[bool | None] = []
+    for start, end, how in needles:
+        if how != "template" or start < 0:
+            out.append(None)
+            continue
+        unit = next(((a, b) for a, b in spans if a <= start < b), None)
+        out.append(unit is not None and
+                   text[unit[0]:unit[1]].strip(_TRAIL) == text[start:end].strip(_TRAIL))
+    return out
+
+
 def context_split(ctx: Mapping, splitter: Splitter | None = None,
                   templates: Mapping | None = None) -> ContextSplit:
-    """Split a context (cached per splitter and text) with its needles kept whole (and cut
-    out as sentences of their own by the multilingual splitter)."""
+    """Split a context (cached per splitter and text). A blind splitter splits the text
+    alone; the needles are then found by template for evaluation. The ``oracle`` splitter
+    keeps each needle whole and cuts it out as a sentence of its own."""
     splitter = splitter or make_splitter()
     text = ctx["text"]
     key = (splitter.fingerprint, hashlib.sha1(text.encode("utf-8")).hexdigest(),
            tuple(ctx["labels"]), tuple(ctx["cities"]), ctx["lang"])
     if key in _SPLIT_CACHE:
         return _SPLIT_CACHE[key]
-    needles = needle_spans(ctx, templates)
-    spans, merged = protect_spans(splitter.spans(text, ctx["lang"]),
-                                  [(s, e) for s, e, _ in needles])
-    isolated = 0
-    if splitter.isolates_needles:  # only whole needle sentences: a bare label is no sentence
+    spans = blind_spans(text, ctx["lang"], splitter)
+    needles = needle_spans(ctx, templates)  # after the split: evaluation (and the oracle)
+    merged = isolated = 0
+    if splitter.isolates_needles:  # the oracle ablation: gold positions shape the units
+        spans, merged = protect_spans(spans, [(s, e) for s, e, _ in needles])
         spans, isolated = isolate_spans(text, spans,
                                         [(s, e) for s, e, how in needles if how == "template"])
     starts = [s for s, _ in spans]
@@ -269,7 +308,8 @@ def context_split(ctx: Mapping, splitter: Splitter | None = None,
     label_idx = tuple(sentence_of(s) if s >= 0 else -1 for s, _, _ in needles)
     target = ctx.get("target") if ctx.get("target") is not None else 0
     out = ContextSplit(tuple(spans), label_idx, label_idx[target] if label_idx else -1,
-                       tuple(needles), merged, splitter.fingerprint, isolated)
+                       tuple(needles), merged, splitter.fingerprint, isolated,
+                       tuple(needle_isolated(text, spans, needles)))
     if len(_SPLIT_CACHE) > 512:
         _SPLIT_CACHE.clear()
     _SPLIT_CACHE[key] = out

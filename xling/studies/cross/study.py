@@ -79,6 +79,11 @@ class CROSS(Narrowed):
     def hits_at(self, selections: Sequence[Mapping], ks: Sequence[int]) -> dict[str, float]:
         return narrow.hits_at(selections, ks)
 
+    def selection_summary(self, opts: Opts, selections: Sequence[Mapping]) -> dict:
+        return {"splitter": opts.get("splitter", "multilingual"),
+                "oracle": opts.get("splitter") == "oracle",
+                "needle_isolated": narrow.needle_summary(selections)}
+
     # --- evaluation ---------------------------------------------------------------------
 
     def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:

@@ -12,7 +12,7 @@ import pandas as pd
 from xling.tasks.tables import frame_table
 
 from .data import length_value
-from .metrics import depth_bin
+from .metrics import ORACLE_LABEL, depth_bin
 from .paper import FAILURE_DETAILS, LANGS, MID_POSITIONS
 
 
@@ -22,10 +22,19 @@ def length_order(values: Iterable[str]) -> list[str]:
 
 
 def system_order(system: str) -> tuple:
-    """Sort key of a system: baseline, cross@k by k, cross (the mean), needle_only."""
-    if system.startswith("cross@"):
-        return (1, int(system[6:]))
-    return ({"baseline": 0, "cross": 2, "needle_only": 3}.get(system, 4), 0)
+    """Sort key of a system: baseline, cross@k by k, cross (the mean), needle_only (an
+    oracle system, "cross@10 (oracle)", after its blind one)."""
+    base, oracle = (system[:-len(ORACLE_LABEL)], 1) if system.endswith(ORACLE_LABEL) \
+        else (system, 0)
+    if base.startswith("cross@"):
+        return (1, int(base[6:]), oracle)
+    return ({"baseline": 0, "cross": 2, "needle_only": 3}.get(base, 4), 0, oracle)
+
+
+def _cross_mean_name(cross_cols: list[str]) -> str:
+    """``cross``, or ``cross (oracle)`` when the caps are the oracle's."""
+    return "cross" + (ORACLE_LABEL if all(c.endswith(ORACLE_LABEL) for c in cross_cols)
+                      else "")
 
 
 def _pct(values: pd.Series) -> float:
@@ -49,9 +58,11 @@ def accuracy_table(items: pd.DataFrame, by: str | Sequence[str], *, metric: str 
         if cross_cols:
             if multi:
                 for m in sorted({c[0] for c in cross_cols}):
-                    table[(m, "cross")] = table[[c for c in cross_cols if c[0] == m]].mean(axis=1)
+                    mine = [c for c in cross_cols if c[0] == m]
+                    table[(m, _cross_mean_name([c[1] for c in mine]))] = \
+                        table[mine].mean(axis=1)
             else:
-                table["cross"] = table[cross_cols].mean(axis=1)
+                table[_cross_mean_name(cross_cols)] = table[cross_cols].mean(axis=1)
     cols = sorted(table.columns, key=lambda c: (c[0], system_order(c[1])) if multi
                   else system_order(c))
     table = table[cols]
@@ -108,7 +119,8 @@ def table_summary(items: pd.DataFrame) -> pd.DataFrame:
               if ix[:2] == (n, model) and str(ix[2]).startswith("cross@")]
         if ks:
             mean = table.loc[ks].drop(columns="n").mean(axis=0)
-            table.loc[(n, model, "cross"), :] = [*mean.tolist(), int(table.loc[ks, "n"].sum())]
+            name = _cross_mean_name([ix[2] for ix in ks])
+            table.loc[(n, model, name), :] = [*mean.tolist(), int(table.loc[ks, "n"].sum())]
     table["n"] = table["n"].astype(int)
     return table.reindex(sorted(table.index,
                                 key=lambda ix: (ix[0], ix[1], system_order(ix[2]))))
@@ -208,6 +220,21 @@ def table_reduction(items: pd.DataFrame, *, column: str = "reduction_words") -> 
     return table
 
 
+def table_isolation(items: pd.DataFrame) -> pd.DataFrame:
+    """Needles that ended up as a sentence of their own (%), per context language and
+    splitter kind (``blind`` / ``oracle``): each context counted once (the CROSS items of
+    its first setting and query language), over the needles a template found."""
+    cross = items[items["method"] == "cross"]
+    first = cross.drop_duplicates(subset=["item_id", "model"])
+    first = first.drop_duplicates(subset=["item_id"])
+    first = first.assign(splitter=first["oracle"].map({True: "oracle", False: "blind"}))
+    g = first.groupby(["clang", "splitter"])[["needles_isolated", "needles_known"]].sum()
+    g["isolated %"] = 100 * g["needles_isolated"] / g["needles_known"].where(
+        g["needles_known"] > 0)
+    g = g.rename(columns={"needles_isolated": "isolated", "needles_known": "needles"})
+    return g[["needles", "isolated", "isolated %"]]
+
+
 def tables(items: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Every table of the study (item scores from ``metrics.score_rows``) by name."""
     out = {"summary": table_summary(items), "by_length": table_by_length(items),
@@ -215,6 +242,8 @@ def tables(items: pd.DataFrame) -> dict[str, pd.DataFrame]:
     if (items["method"] == "cross").any():
         out["by_k"] = table_by_k(items)
         out["hits"] = table_hits(items)
+        if "needles_known" in items.columns:
+            out["isolation"] = table_isolation(items)
         for n in sorted(items["needles"].unique()):
             out[f"pairs_{n}n"] = table_pairs(items, needles=int(n))
         if items["reduction_words"].notna().any():
@@ -238,14 +267,28 @@ TABLE_TITLES = {
     "reduction": ("Mean input reduction (%) of CROSS, in the text layer's words (characters "
                   "for zh, ja, th, ...) (Fig 14)"),
     "failures": "Failure classes (% of all items; Fig 6, 8, 9)",
+    "isolation": ("Needles that ended up as a sentence of their own (%), per context language "
+                  "and splitter (blind: the text alone; oracle: cut out by template)"),
 }
+# The tables whose CROSS numbers carry no per-column label: their title says "oracle".
+_CROSS_ONLY = ("by_k", "hits", "reduction")
 
 
 def markdown_tables(items: pd.DataFrame) -> str:
+    """Every table as markdown. With the oracle splitter every title of a table with CROSS
+    numbers says so (the system columns say "(oracle)" themselves)."""
+    oracle = bool("oracle" in items.columns and items["oracle"].fillna(False).astype(bool).any())
     parts = []
+    if oracle:
+        parts.append("**Oracle ablation**: CROSS ranked the sentences of the `oracle` splitter, "
+                     "which cuts each needle out by its template (gold knowledge); these are "
+                     "not the method's blind results.")
     for name, table in tables(items).items():
         title = TABLE_TITLES.get(name) or (
             f"Query x context accuracy (%), {name.split('_')[1]}"
             f"{', baseline' if name.endswith('baseline') else ', CROSS (all k)'} (Fig 11)")
+        if oracle and (name in _CROSS_ONLY or (name.startswith("pairs_")
+                                               and not name.endswith("baseline"))):
+            title += " [oracle splitter]"
         parts.append(frame_table(table, digits=1, title=title))
     return "\n\n".join(parts) + "\n"

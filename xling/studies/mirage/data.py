@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -32,9 +33,10 @@ def _split_file(split: str, name: str) -> bool:
 
 
 def read_split(path: str, lang: str | None = None, split: str = "dev",
-               filesystem: pafs.FileSystem | None = None) -> pa.Table:
-    """A hub snapshot's ``{lang}/{split}-*.parquet`` (or one Parquet file), local or s3.
-    ``dev.small-*`` files beside ``dev-*`` are not read."""
+               filesystem: pafs.FileSystem | None = None,
+               columns: list[str] | None = None) -> pa.Table:
+    """A hub snapshot's ``{lang}/{split}-*.parquet`` (or one Parquet file), local or s3
+    (``columns``: only those). ``dev.small-*`` files beside ``dev-*`` are not read."""
     fs, root = _filesystem(path, filesystem)
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.File:
@@ -50,7 +52,7 @@ def read_split(path: str, lang: str | None = None, split: str = "dev",
     if not files:
         raise FileNotFoundError(f"{path}: no {split}-*.parquet for {lang or 'any language'}; "
                                 "point at a snapshot of the hub dataset")
-    return pa.concat_tables([pq.read_table(f, filesystem=fs) for f in files],
+    return pa.concat_tables([pq.read_table(f, filesystem=fs, columns=columns) for f in files],
                             promote_options="default")
 
 
@@ -91,6 +93,21 @@ def load_outputs(path: str, lang: str, split: str = "dev",
                       for model, value in (row[column] or {}).items()]
     return (pd.DataFrame(gens, columns=["query_id", "model", "output"]),
             pd.DataFrame(feats, columns=["query_id", "model", "feature", "value"]))
+
+
+@functools.lru_cache(maxsize=8)
+def published_roster(judgments: str, langs: tuple[str, ...], split: str = "dev"
+                     ) -> frozenset[str]:
+    """Every model the published pairwise judgments compare, over ``langs`` (the two model
+    columns only, read once per snapshot)."""
+    models: set[str] = set()
+    for lang in langs:
+        try:
+            judged = read_split(judgments, lang, split, columns=["model_A", "model_B"])
+        except FileNotFoundError:
+            continue  # a language without judgments has no arena (counted at evaluate)
+        models |= set(judged["model_A"].to_pylist()) | set(judged["model_B"].to_pylist())
+    return frozenset(models)
 
 
 def load_judgments(path: str, lang: str, split: str = "dev",

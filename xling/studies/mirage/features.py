@@ -239,11 +239,12 @@ def _scorer_rows(scorer: str, base: dict, item: Mapping, output: str, lang: str,
                                if str(g["item_id"]) == query_id], knobs)
         if label is not None and "answer_overlap_score" in knobs.features:
             rows.append({**base, "input_id": f"{query_id}|{model}|overlap", "kind": "score",
-                         "prompt": answer_overlap_prompt(item["query"], output, label, lang)})
+                         "prompt": answer_overlap_prompt(item["query"], output, label, lang,
+                                                         knobs.feature_prompts)})
         if "fluency_score" in knobs.features:
             rows.append({**base, "input_id": f"{query_id}|{model}|fluency", "kind": "rating",
                          "prompt": fluency_prompt(item["query"], item["contexts"], output,
-                                                  lang)})
+                                                  lang, knobs.feature_prompts)})
         return rows
     raise ValueError(f"unknown scorer {scorer!r}; MIRAGE's are {sorted(SCORERS)}")
 

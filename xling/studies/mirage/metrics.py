@@ -130,6 +130,11 @@ def _language_metrics(lang: str, result: dict, roster: list[str], query_ids: lis
                 _metric(lang, "all", "kendall_tau_oof", final["kendall_tau_oof"], len(roster)),
                 _metric(lang, "all", "held_out_r2", held.mean() if len(held) else None,
                         len(held), low, high),
+                # Table 5's R² is not defined on fewer than two held-out models, nor in a
+                # tournament where their scores are equal (surrogate.r2): counted, not averaged
+                _metric(lang, "all", "held_out_models", len(knobs.held_out)),
+                _metric(lang, "all", "r2_undefined_tournaments",
+                        int(np.isnan(result["held_out_r2"]).sum()), knobs.tournaments),
                 _metric(lang, "all", "train_r2", final["train_r2"], len(roster)),
                 _metric(lang, "all", "judged_queries", judged["query_id"].nunique()),
                 _metric(lang, "all", "judged_models", len(roster)),

@@ -33,6 +33,7 @@ class Knobs:
     seeds: str = "fixed"
     kendall_tau: str = "fixed"
     pairwise_prompt: str = "reference"   # reference (dump text) | paper (Figure 13)
+    feature_prompts: str = "reference"   # reference (research code) | paper (Figures 11-12)
     instruction: str = "published"       # published | paper | api_scripts (s2.2)
     reference_model: str = REFERENCE_MODEL
     judge_queries: int = 100             # P L39
@@ -52,6 +53,7 @@ class Knobs:
                 raise ValueError(f"{name}: {getattr(self, name)!r} is not 'fixed' or "
                                  "'reference'")
         for name, allowed in (("pairwise_prompt", ("reference", "paper")),
+                              ("feature_prompts", ("reference", "paper")),
                               ("instruction", ("published", "paper", "api_scripts")),
                               ("surrogate", REGRESSORS)):
             if getattr(self, name) not in allowed:
@@ -79,6 +81,18 @@ class Knobs:
     @property
     def rf_state(self) -> int | None:
         return None if self.ref("seeds") else self.random_state
+
+
+def check_names(held_out, roster, what: str) -> None:
+    """Held-out names outside the roster are an error naming them and the roster; at least
+    two models must remain to train the surrogate."""
+    unknown = [m for m in held_out if m not in roster]
+    if unknown:
+        raise ValueError(f"held_out {unknown} are not among {what}: {sorted(roster)}; name "
+                         "held-out models among them")
+    if held_out and len(set(roster) - set(held_out)) < 2:
+        raise ValueError(f"held_out {list(held_out)} leaves fewer than two of {sorted(roster)} "
+                         "to train the surrogate on; hold out fewer")
 
 
 def is_published(opts: Mapping[str, Any]) -> bool:
@@ -128,6 +142,12 @@ class Options(StudyOptions):
     pairwise_prompt: Literal["reference", "paper"] = Field(
         "reference", description="the pairwise judge's wording: reference (the dump's text, "
                                  "which produced the published verdicts) or paper (Figure 13)")
+    feature_prompts: Literal["reference", "paper"] = Field(
+        "reference", description="the wording of the LLM features 10 (answer overlap) and 11 "
+                                 "(fluency): reference (the research code's prompts, which "
+                                 "produced the published features) or paper (Figures 11-12, "
+                                 "prompts.yaml answer_overlap_paper / fluency_paper); the "
+                                 "features manifest records it")
     instruction: Literal["published", "paper", "api_scripts"] = Field(
         "published", description="the RAG prompt as published (Figure 10), or its instruction "
                                  "replaced by the paper's or the API scripts' (s2.2)")
@@ -181,6 +201,15 @@ class Options(StudyOptions):
         "the reported tau is always tau-b on the models' aligned scores; reference: also "
         "the reference code's tau of the two argsort index orders, kendall_tau_argsort "
         "(not a rank correlation)")
+
+    def as_options(self) -> dict:
+        """The options dict; ``feature_prompts`` at its default is left out, so that the cells
+        planned before the option existed keep their ids (tests/unit/test_golden_plan.py).
+        Knobs and the features manifest read a missing key as ``reference``."""
+        out = super().as_options()
+        if out.get("feature_prompts") == "reference":
+            del out["feature_prompts"]
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -258,6 +287,9 @@ class Options(StudyOptions):
         if outside:
             raise ValueError(f"held_out {outside} are not in models {self.models}; hold out "
                              "models of the arena")
+        if self.models and len(set(self.models) - set(self.held_out)) < 2:
+            raise ValueError(f"held_out {self.held_out} leaves fewer than two of models "
+                             f"{self.models} to train the surrogate on; hold out fewer")
         return self
 
     @field_validator("features")

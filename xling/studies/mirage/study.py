@@ -11,7 +11,7 @@ from xling.studies.base import (Evidence, Featured, PairJudged, PromptSet, Rende
 from xling.studies.mirage import data, features, pairs, parse, plots, tables
 from xling.studies.mirage.metrics import score as score_languages
 from xling.studies.mirage.constants import LANGS, SCORERS, SETTING, STUDY
-from xling.studies.mirage.options import Options, is_published
+from xling.studies.mirage.options import Options, check_names, is_published
 from xling.studies.mirage.prompts import PROMPT_FILE, rebuild_prompt
 
 
@@ -38,6 +38,24 @@ class MIRAGE(PairJudged, Featured):
                                               "(study.options.features)",
                                          section="features", hub="features")
         return out
+
+    def check_config(self, opts: Opts, cfg) -> None:
+        """The held-out models are checked at validation, not after generate, features and
+        judge have run (issue 45): on the run route against the generate.models names, on
+        the published route against the models the published judgments compare."""
+        if not opts["held_out"]:
+            return
+        if is_published(opts):
+            roster = data.published_roster(opts["judgments"], tuple(opts["langs"]),
+                                           opts["split"])
+            check_names(opts["held_out"], opts.get("models") or roster,
+                        "the published judgments' models (hub model ids, e.g. "
+                        "google/gemma-1.1-2b-it and meta-llama/Meta-Llama-3-70B-Instruct, the "
+                        "paper's held-out pair, P L130)")
+        elif cfg.generate is not None:
+            roster = list(opts.get("models") or [m.name for m in cfg.generate.models])
+            check_names(opts["held_out"], roster, "the arena's models (study.options.models, "
+                        "else the generate.models names)")
 
     # -- prompts ---------------------------------------------------------------------
 
@@ -102,6 +120,9 @@ class MIRAGE(PairJudged, Featured):
 
     def langid_langs(self, opts: Opts) -> list[str]:
         return list(LANGS)
+
+    def llm_setting(self, opts: Opts) -> dict:
+        return {"feature_prompts": opts.get("feature_prompts", "reference")}
 
     def llm_feature_names(self, opts: Opts) -> list[str]:
         return list(SCORERS["llm"])

@@ -89,14 +89,32 @@ def make_regressor(kind: str, random_state: int | None):
     raise ValueError(f"unknown regressor {kind!r}; use one of {REGRESSORS}")
 
 
+# Below this spread (relative to the scores' size) the truth is taken as constant: two
+# held-out models of nearly equal strength gave ss_tot ~ 1e-20 and an R² of about -1e18,
+# which dominated the mean over tournaments (issue 45).
+R2_MIN_SPREAD = 1e-6
+
+
 def r2(truth: Sequence[float], pred: Sequence[float]) -> float:
-    """Coefficient of determination as sklearn's ``r2_score`` (constant ``truth``: 1.0 if
-    predicted exactly, else 0.0)."""
+    """Coefficient of determination as sklearn's ``r2_score``, but NaN ("not defined")
+    where sklearn's is meaningless: fewer than two values, or a truth whose spread is below
+    ``R2_MIN_SPREAD`` of its size (sklearn returns 1.0 or 0.0 for a constant truth, and a
+    huge negative number for a nearly constant one)."""
     truth, pred = np.asarray(truth, float), np.asarray(pred, float)
+    if truth.size < 2:
+        return float("nan")
+    spread = float(truth.max() - truth.min())
+    if spread <= R2_MIN_SPREAD * max(1.0, float(np.abs(truth).max())):
+        return float("nan")
     ss_res, ss_tot = ((truth - pred) ** 2).sum(), ((truth - truth.mean()) ** 2).sum()
-    if ss_tot == 0:
-        return 1.0 if ss_res == 0 else 0.0
     return float(1 - ss_res / ss_tot)
+
+
+def _defined_mean(values: Sequence[float]) -> float:
+    """The mean of the defined (non-NaN) values; NaN when none is."""
+    arr = np.asarray(values, float)
+    arr = arr[~np.isnan(arr)]
+    return float(arr.mean()) if arr.size else float("nan")
 
 
 def kendall_tau(scores_a: Sequence[float], scores_b: Sequence[float]) -> float:
@@ -124,7 +142,9 @@ def _split(models: Sequence[str], held_out: Iterable[str]) -> tuple[list[int], l
 def surrogate_tournaments(boot: Bootstrap, table: FeatureTable, knobs: Knobs = Knobs()
                           ) -> dict[str, np.ndarray]:
     """Algorithm 1 (P L128-144): per tournament, X = features averaged over its drawn
-    queries, Y = its theta; fit on the train models, R² on the held-out ones (Table 5)."""
+    queries, Y = its theta; fit on the train models, R² on the held-out ones (Table 5). A
+    tournament whose held-out R² is not defined (fewer than two held-out models, or their
+    thetas equal: `r2`) is NaN, counted by the caller, never averaged."""
     train, test = _split(boot.models, knobs.held_out)
     r2_held, r2_train = [], []
     for theta, draws in zip(boot.theta, boot.draws):
@@ -210,7 +230,7 @@ def regressor_ablation(theta: Sequence[float], x: np.ndarray, kinds: Sequence[st
             reg = make_regressor(kind, random_state).fit(x[train], theta[train])
             train_r2.append(r2(theta[train], reg.predict(x[train])))
             held_r2.append(r2(theta[test], reg.predict(x[test])))
-        out[kind] = {"train_r2": float(np.mean(train_r2)), "held_out_r2": float(np.mean(held_r2))}
+        out[kind] = {"train_r2": _defined_mean(train_r2), "held_out_r2": _defined_mean(held_r2)}
     return out
 
 

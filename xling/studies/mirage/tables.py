@@ -59,7 +59,12 @@ def _summary_table(allm: pd.DataFrame, paper: Mapping) -> str:
         def value(key, col="value", by_metric=by_metric):
             return by_metric[col].get(key) if key in by_metric.index else None
         r2_text = _num(value("held_out_r2"))
-        if r2_text and value("held_out_r2", "ci_low") is not None:
+        held_models, undefined = value("held_out_models"), value("r2_undefined_tournaments")
+        if not r2_text and held_models is not None and lang != "avg":
+            r2_text = (f"not defined ({_count(held_models)} held-out model"
+                       f"{'' if held_models == 1 else 's'})" if held_models < 2
+                       else f"not defined in all {_count(undefined)} tournaments")
+        elif r2_text and value("held_out_r2", "ci_low") is not None:
             r2_text += (f" ({_num(value('held_out_r2', 'ci_low'))}, "
                         f"{_num(value('held_out_r2', 'ci_high'))})")
         paper_r2 = ""
@@ -69,7 +74,8 @@ def _summary_table(allm: pd.DataFrame, paper: Mapping) -> str:
         paper_tau = table2.get("avg") if lang == "avg" else (table2.get("tau") or {}).get(lang)
         counts = [_count(value(k)) for k in ("judged_models", "unjudged_models", "judgments",
                                              "ties", "unparsed", "llm_failures",
-                                             "degenerate_tournaments")]
+                                             "degenerate_tournaments",
+                                             "r2_undefined_tournaments")]
         rows.append([lang, _num(value("kendall_tau")), _num(paper_tau),
                      _num(value("kendall_tau_oof")),
                      *([_num(value("kendall_tau_argsort"))] if compat else []),
@@ -78,7 +84,7 @@ def _summary_table(allm: pd.DataFrame, paper: Mapping) -> str:
               *(["tau argsort (compat)"] if compat else []), "held-out R² (95% CI)",
               "paper R² (95% CI)", "judged models", "unjudged models", "judgments",
               "ties (not in BT fit)", "unparsed", "LLM feature failures",
-              "degenerate BT fits"]
+              "degenerate BT fits", "R² undefined (tournaments)"]
     notes = ["tau: Kendall tau-b between the judge's Bradley-Terry scores and the surrogate's "
              "predictions, the training models included (Table 2's definition); tau "
              "out-of-fold: each model predicted by a surrogate that did not train on it "
@@ -86,7 +92,10 @@ def _summary_table(allm: pd.DataFrame, paper: Mapping) -> str:
              "fit without them). Ties and unparsed verdicts are counted and left out of the "
              "Bradley-Terry fit (as the reference code did; the paper is silent). LLM "
              "feature failures: pointwise LLM scores that could not be read (llm_parse_failure"
-             ": fixed leaves them out of the feature means; reference averages them as 0)."]
+             ": fixed leaves them out of the feature means; reference averages them as 0). "
+             "Held-out R² is the mean over the tournaments where it is defined: it is not "
+             "defined on fewer than two held-out models, nor where their Bradley-Terry scores "
+             "are equal (R² undefined: those tournaments, left out of the mean and the CI)."]
     if compat:
         notes.append("tau argsort (compat): the reference code's tau of the two argsort "
                      "index orders (kendall_tau: reference); not a rank correlation.")

@@ -19,10 +19,10 @@ from .settings import SETTING_SPECS, STUDY, expected_language
 Key = tuple[str, str, str, str]  # (setting, lang, model, item_id)
 # Extra generation columns the evaluate stage reads for scoring: the engine's record of a
 # prompt cut to fit max_model_len (counted per cell, flagged in the tables).
-SCORE_COLUMNS = ("truncated_from",)
+SCORE_COLUMNS = ("truncated_from", "meta")
 # The counts behind each accuracy (metric rows per cell, the items' `outcome`, the table's
 # n): a generation that failed (no output: the call failed, or its prompt could not be
-# built, e.g. an article whose translation the language check flagged), one answered but
+# built, e.g. a flagged translation under flagged_translations: wrong), one answered but
 # left without a valid judgment, one whose output has no <answer>.
 COUNTS = ("failed", "unjudged", "unparsed")
 # Figure 19's abstain, <answer>None</answer>, with the decoration models add around it
@@ -117,7 +117,7 @@ def _score_generation(generation: dict, votes: dict[str, str | None] | None, n_j
            "n_judges": n_judges, "answered": None, "lang_ok": None,
            "detected_lang": None, "expected_lang": None, "abstained": None,
            "truncated": generation.get("truncated_from") is not None, "outcome": None,
-           "error": None}
+           "flagged_translation": _flagged(generation), "error": None}
     if setting not in SETTING_SPECS:
         row["error"] = f"unknown setting {setting!r}"
         row["outcome"] = "invalid"
@@ -153,6 +153,17 @@ def _score_generation(generation: dict, votes: dict[str, str | None] | None, n_j
     row["judge_correct"] = correct
     row["verdict"] = bool(correct and row["lang_ok"] is not False)
     return row
+
+
+def _flagged(generation: dict) -> bool | None:
+    """Did the prompt use a translation translate's language check flagged? None for a
+    setting that reads no translation (or a prompt made before prompts recorded it)."""
+    meta = generation.get("meta")
+    if isinstance(meta, str):
+        meta = json.loads(meta)
+    if not isinstance(meta, dict) or "flagged_translations" not in meta:
+        return None
+    return bool(meta["flagged_translations"])
 
 
 def _metric_row(setting, lang, model, metric, value, n, ci=(None, None)) -> dict:
@@ -196,6 +207,9 @@ def _cell_metrics(setting: str, lang: str, model: str, rows: list[dict], panel: 
         told = [r for r in ran if r["answered"]]
         out.append(_rate(*cell, "abstain_rate", sum(bool(r["abstained"]) for r in told),
                          len(told)))
+    flagged = [r["flagged_translation"] for r in rows if r.get("flagged_translation") is not None]
+    if flagged:  # the share of items whose prompt used a flagged translation (issue 45)
+        out.append(_rate(*cell, "flagged_translation_rate", sum(flagged), len(flagged)))
     cut = sum(bool(r.get("truncated")) for r in rows)
     if cut:
         out.append(_metric_row(*cell, "truncated", float(cut), len(rows)))

@@ -61,10 +61,18 @@ class Options(StudyOptions):
         "all",
         description="The items an accuracy is over: `all` (the default, as the paper's "
                     "accuracy over every instance) counts a failed generation (no output, "
-                    "e.g. a prompt whose translated article the language check flagged) and "
+                    "e.g. a prompt that could not be built) and "
                     "an answer no judge gave a valid verdict for as wrong; `judged` leaves "
                     "them out. Either way the failed, unjudged and unparsed counts are "
                     "metric rows and the tables' n.")
+    flagged_translations: Literal["use", "wrong"] = Field(
+        "use",
+        description="A translated article that translate's language check flagged "
+                    "(translate.documents[].lang_check: flag translates it anyway and keeps "
+                    "the finding): `use` (the default: the paper translated with Google "
+                    "Translate and answered every item) puts it in the prompt and reports the "
+                    "flagged share per setting and language; `wrong` makes the item an error "
+                    "row, counted as failed (wrong under accuracy_over: all).")
     translations: str = Field(
         "xrag-articles",
         description="The translate stage's translate.documents entry (format: xrag) whose "
@@ -119,6 +127,14 @@ class Options(StudyOptions):
         if bad:
             raise ValueError(f"unknown setting(s) {bad}; choose from {list(SETTINGS)}")
         return list(dict.fromkeys(value))
+
+    def as_options(self) -> dict:
+        """The options dict; ``flagged_translations`` at its default is left out, so that
+        the cells planned before the option existed keep their ids."""
+        out = super().as_options()
+        if out.get("flagged_translations") == "use":
+            del out["flagged_translations"]
+        return out
 
     @field_validator("translations", mode="before")
     @classmethod

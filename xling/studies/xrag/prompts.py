@@ -100,15 +100,17 @@ def render_prompt(question: str, articles: list[dict] | None) -> list[dict]:
              "content": render_template("rag_answer", question=question, articles=numbered)}]
 
 
-def _row(item_id: str, setting: str, lang: str, prompt, error: str | None) -> dict:
+def _row(item_id: str, setting: str, lang: str, prompt, error: str | None,
+         meta: dict | None = None) -> dict:
     return {"item_id": item_id, "study": STUDY, "setting": setting, "lang": lang,
-            "prompt": prompt, "error": error}
+            "prompt": prompt, "error": error, "meta": meta}
 
 
 def _translated(articles: list[dict], setting: str, opts: dict,
                 translations: dict[str, str] | None) -> list[dict] | str:
     """The articles with the setting's X articles replaced by their English translation
-    (ES: the supporting ones; ES+ED: all), or the error naming the missing translations."""
+    (ES: the supporting ones; ES+ED: all), or the error naming the missing translations.
+    A swapped article keeps its ``doc_id`` (the flags are looked up by it)."""
     spec = spec_of(setting)
     missing, swapped = [], []
     for article in articles:
@@ -120,7 +122,8 @@ def _translated(articles: list[dict], setting: str, opts: dict,
         if not isinstance(text, str) or not text.strip():
             missing.append(article["doc_id"])
         else:
-            swapped.append({**article, "text": text, "lang": "en", "title": None})
+            swapped.append({**article, "text": text, "lang": "en", "title": None,
+                            "translated": True})
     if missing:
         return (f"no English translation of article(s) {', '.join(missing)} "
                 f"(translations source '{opts.get('translations')}'; {setting} "
@@ -130,7 +133,8 @@ def _translated(articles: list[dict], setting: str, opts: dict,
 
 
 def build_prompt(item: dict, setting: str, opts: dict, *,
-                 translations: dict[str, str] | None = None) -> dict:
+                 translations: dict[str, str] | None = None,
+                 flags: dict[str, str] | None = None) -> dict:
     """The prompt row of one item in one setting (an error row when it cannot be built)."""
     spec = spec_of(setting)
     lang = item.get("lang")
@@ -143,19 +147,31 @@ def build_prompt(item: dict, setting: str, opts: dict, *,
     if spec.docs == "none":
         return _row(item["id"], setting, lang, render_prompt(question, None), None)
     articles = [a for a in item["articles"] if spec.docs == "all" or a["supporting"]]
+    meta = None
     if spec.translate != "none":
         articles = _translated(articles, setting, opts, translations)
         if isinstance(articles, str):
             return _row(item["id"], setting, lang, None, articles)
+        # translations made although translate's language check flagged them (lang_check:
+        # flag): used by default, as the paper answered every item; `wrong` is the opt-in
+        flagged = sorted({a["doc_id"] for a in articles if a.get("translated")
+                          and a["doc_id"] in (flags or {})})
+        meta = {"flagged_translations": flagged}
+        if flagged and opts.get("flagged_translations", "use") == "wrong":
+            return _row(item["id"], setting, lang, None,
+                        f"translation of article(s) {', '.join(flagged)} flagged by the "
+                        f"language check ({flags[flagged[0]]}); flagged_translations: wrong "
+                        "counts the item as wrong", meta)
     articles = order_articles(articles, opts.get("article_order", "given"), item_id=item["id"],
                               seed=opts.get("shuffle_seed", 0))
     limit = opts.get("max_article_words")
     articles = [{**a, "text": truncate_words(a["text"], limit)} for a in articles]
-    return _row(item["id"], setting, lang, render_prompt(question, articles), None)
+    return _row(item["id"], setting, lang, render_prompt(question, articles), None, meta)
 
 
 def build_prompts(opts: dict, setting: str, lang: str, *,
-                  translations: dict[str, str] | None = None) -> list[dict]:
+                  translations: dict[str, str] | None = None,
+                  flags: dict[str, str] | None = None) -> list[dict]:
     """Prompt rows ``{item_id, study, setting, lang, prompt (chat messages), error}`` of one
     cell: the instances of the setting's subset in ``lang`` (the first ``limit`` of them, in
     file order). Unusable instances are error rows; lines whose language is unknown are
@@ -179,7 +195,7 @@ def build_prompts(opts: dict, setting: str, lang: str, *,
                              f"duplicate id {item['id']} in {lang}/{spec.subset}"))
             continue
         seen.add(item["id"])
-        rows.append(build_prompt(item, setting, opts, translations=translations))
+        rows.append(build_prompt(item, setting, opts, translations=translations, flags=flags))
     return rows
 
 

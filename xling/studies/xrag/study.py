@@ -54,8 +54,24 @@ class XRAG(Translated, Judged):
 
     def build_prompts(self, opts: Opts, setting: str, lang: str, *,
                       inputs: StudyInputs) -> Rows:
-        return prompts.build_prompts(opts, setting, lang,
-                                     translations=inputs.translations)
+        return prompts.build_prompts(opts, setting, lang, translations=inputs.translations,
+                                     flags=inputs.translation_flags)
+
+    def check_config(self, opts: Opts, cfg) -> None:
+        """`flagged_translations: use` needs the flagged articles translated: their translate
+        entry must check with `lang_check: flag` (or off), not drop them as errors."""
+        if cfg.translate is None or opts.get("flagged_translations", "use") != "use" or \
+                not any(settings.needs_translation(s) for s in opts["settings"]):
+            return
+        spec = next((d for d in cfg.translate.documents if d.name == opts["translations"]),
+                    None)
+        check = (spec.lang_check if spec is not None else None) or cfg.translate.lang_check
+        if spec is not None and check == "error":
+            raise ValueError(
+                f"study xrag uses flagged translations (study.options.flagged_translations: "
+                f"use, as the paper answered every item), but translate.documents "
+                f"'{spec.name}' drops them (lang_check: error): set lang_check: flag on that "
+                "entry, or study.options.flagged_translations: wrong")
 
     def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
         return score_generations(opts, generations, evidence.judgments,

@@ -227,8 +227,8 @@ def _denominators(res: _Results) -> list[str]:
                        SETTINGS, "accuracy", lambda s, lang, model: _n(res, s, lang, model),
                        notes=[f"n: the items of the cell; {how}. Unparsed answers (no "
                               "<answer>) are wrong. Failed: no output (the call failed, or "
-                              "the prompt could not be built, e.g. an article whose "
-                              "translation the language check flagged); unjudged: no valid "
+                              "the prompt could not be built, e.g. a flagged translation "
+                              "under flagged_translations: wrong); unjudged: no valid "
                               "verdict from the judge panel."])
 
 
@@ -238,6 +238,9 @@ def _rates(res: _Results) -> list[str]:
             ("response_language_error_rate", "Response-language errors (% answered in English)"),
             ("answer_rate", "Answer rate (% of outputs with an <answer> tag)"),
             ("abstain_rate", "Abstain rate (% of answers that are <answer>None</answer>)"),
+            ("flagged_translation_rate", "Flagged translations (% of items whose prompt used "
+             "an article translate's language check flagged; used unless "
+             "flagged_translations: wrong)"),
             ("truncated", "Truncated prompts (count)")):
         def show(setting, lang, model, metric=metric):
             value = res.get(setting, lang, model, metric)
