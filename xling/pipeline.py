@@ -123,6 +123,7 @@ def sync_logs(console, store: RunStore, *, workers: bool = False, address=None) 
 def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) -> int:
     """Run stages of one config, or of a sweep's configs together (one run root)."""
     from xling.core.hosts import plan_hosts, sharing
+    from xling.core.lease import acquire as acquire_lease
     from xling.core.runner import Runner
     from xling.core.runtime import init_ray
     from xling.jobs.report import write_report
@@ -168,6 +169,8 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
             if name != "report":
                 registry[name]().cells(one)
     store.check()
+    lease = None if set(stages) <= {"report"} else acquire_lease(  # one driver per run root
+        store, runner.run_id, takeover=getattr(args, "takeover", False), log=console.say)
     for one in cfgs:
         for i, name in enumerate(stages):
             if name != "report":
@@ -197,6 +200,8 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
         if note:
             console.say(note)
         console.close()
+        if lease is not None:
+            lease.release()
     return 0
 
 
