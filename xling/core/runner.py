@@ -53,6 +53,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from xling.core.config import ConfigError, stable_hash
+from xling.core.integrity import check_sizes, marker_shard, part_digest, read_parts
 from xling.core.pools import LIGHT_CPUS
 from xling.core.provenance import provenance
 from xling.core.store import RunStore
@@ -466,8 +467,7 @@ class Runner:
 
     def _pending_rows(self, cell: Cell, info: dict) -> int:
         """Input records of the cell's shards that are not committed (the progress total)."""
-        done = {int(p.rsplit("/", 1)[-1].split(".")[0]) for p in
-                self.store.list(f"{cell.dir}/_shards") if p.endswith(".json")}
+        done = {marker_shard(p) for p in self.store.list(f"{cell.dir}/_shards")}
         return sum(v["rows"] for s, v in info["shards"].items() if int(s) not in done)
 
     def _fail(self, stage: Stage, cell: Cell, e: BaseException, reports: dict) -> None:
@@ -606,6 +606,7 @@ class Runner:
         manifest = self.store.read_json_or_none(f"{source.cell}/_manifest.json")
         if not manifest or manifest["n_shards"] != cell.n_shards:
             return None
+        check_sizes(self.store, source.cell, manifest)
         ins, files = manifest["inputs"]["shards"], set(manifest["files"])
         shards = {s: {"rows": v["rows"], "fingerprint": v["fingerprint"],
                       "files": [f"{source.cell}/part-{int(s):05d}.parquet"]}
@@ -856,7 +857,8 @@ class Runner:
             "n_shards": cell.n_shards, "rows": rows, "errors": errors,
             "files": [markers[s]["file"] for s in sorted(markers)],
             "shards": {str(s): {k: markers[s][k] for k in ("rows", "errors", "run_id",
-                                                           "committed_at", "seconds")}
+                                                           "committed_at", "seconds", "bytes",
+                                                           "digest") if k in markers[s]}
                        for s in sorted(markers)},
             "run_ids": sorted({m["run_id"] for m in markers.values()}),
             "driver_bytes": self.driver_bytes.get(cell.id, 0),
@@ -991,7 +993,7 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
         return {"file": name, "rows": table.num_rows, "errors": errors,
                 "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
                 "lost_records": 0, "pieces": len(pieces), "host": socket.gethostname(),
-                **({"stats": counts(table)} if counts else {})}
+                **part_digest(store, final), **({"stats": counts(table)} if counts else {})}
     lost: list[str] = []
     if seen is not None and len(seen) < expected["rows"]:
         rows = store.read_parquet(expected["files"])
@@ -1018,7 +1020,7 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
     return {"file": name, "rows": table.num_rows, "errors": errors,
             "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
             "lost_records": len(lost), "pieces": len(pieces), "host": socket.gethostname(),
-            **({"stats": counts(table)} if counts else {})}
+            **part_digest(store, final), **({"stats": counts(table)} if counts else {})}
 
 
 def _in_blocks(ds, rows: int):
@@ -1100,9 +1102,9 @@ PLOTS = "_plots"  # a study's figures, `_plots/<name>.png`
 def part_files(store: RunStore, rel_dir: str) -> list[str]:
     """The Parquet parts a cell has committed so far: what `Stage.finalize` reads, before
     the manifest that lists them exists."""
-    parent = rel_dir.strip("/")
-    return sorted(f for f in store.list(rel_dir) if f.rsplit("/", 1)[0] == parent and
-                  re.fullmatch(r"part-\d+\.parquet", f.rsplit("/", 1)[-1]))
+    # The files the markers name: a file xling did not commit is never read as rows.
+    return sorted(f"{rel_dir.strip('/')}/{m['file']}"
+                  for m in committed_shards(store, rel_dir).values())
 
 
 def part_stats(store: RunStore, rel_dir: str) -> dict[str, int] | None:
@@ -1117,7 +1119,8 @@ def part_stats(store: RunStore, rel_dir: str) -> dict[str, int] | None:
 
 def committed_shards(store: RunStore, rel_dir: str) -> dict[int, dict]:
     """The shard markers of a cell, by shard number."""
-    markers = (store.read_json(p) for p in store.list(f"{rel_dir}/_shards") if p.endswith(".json"))
+    markers = (store.read_json(p) for p in store.list(f"{rel_dir}/_shards")
+               if marker_shard(p) is not None)  # not what others left in _shards/
     return {int(m["shard"]): m for m in markers}
 
 
@@ -1156,7 +1159,7 @@ def read_cell(store: RunStore, rel_dir: str, columns: list[str] | None = None) -
     manifest = store.read_json_or_none(f"{rel_dir}/_manifest.json")
     if not manifest:
         raise FileNotFoundError(f"{store.url(rel_dir)} is not a finished cell (no _manifest.json)")
-    return store.read_parquet([f"{rel_dir}/{f}" for f in manifest["files"]], columns=columns)
+    return read_parts(store, rel_dir, manifest, columns)  # each part checked against its marker
 
 
 class MissingInput(StageFailed, ConfigError):

@@ -20,7 +20,7 @@ import tempfile
 import uuid
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -361,26 +361,31 @@ class RunStore:
         """Files concatenated; `columns` missing from a file (e.g. an empty shard's part,
         which has only `error`) come back as nulls rather than failing the read."""
         rels = [rels] if isinstance(rels, str) else list(rels)
-        tables = []
-        for r in rels:
-            if columns is None:
-                tables.append(pq.read_table(self.fs_path(r), filesystem=self.fs))
-                continue
-            f = pq.ParquetFile(self.fs_path(r), filesystem=self.fs)
-            have = [c for c in columns if c in f.schema_arrow.names]
-            t = f.read(columns=have)
-            if len(have) < len(columns):
-                if t.num_rows:
-                    for c in columns:
-                        if c not in have:
-                            t = t.append_column(c, pa.nulls(t.num_rows))
-                else:
-                    continue  # an empty file says nothing about types
-            tables.append(t.select(columns))
-        if not tables:
-            return pa.table({c: pa.array([], pa.string()) for c in columns or []})
-        return pa.concat_tables(tables, promote_options="default")
+        return concat_parts((pq.ParquetFile(self.fs_path(r), filesystem=self.fs) for r in rels),
+                            columns)
 
     def parquet_rows(self, rel: str) -> int:
         with self.fs.open_input_file(self.fs_path(rel)) as f:
             return pq.ParquetFile(f).metadata.num_rows
+
+
+def concat_parts(files: Iterable[pq.ParquetFile], columns: list[str] | None = None) -> pa.Table:
+    """Parquet files as one table (RunStore.read_parquet), `columns` a file lacks as nulls."""
+    tables = []
+    for f in files:
+        if columns is None:
+            tables.append(f.read())
+            continue
+        have = [c for c in columns if c in f.schema_arrow.names]
+        t = f.read(columns=have)
+        if len(have) < len(columns):
+            if t.num_rows:
+                for c in columns:
+                    if c not in have:
+                        t = t.append_column(c, pa.nulls(t.num_rows))
+            else:
+                continue  # an empty file says nothing about types
+        tables.append(t.select(columns))
+    if not tables:
+        return pa.table({c: pa.array([], pa.string()) for c in columns or []})
+    return pa.concat_tables(tables, promote_options="default")
