@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import ok_here, sentence_corpus
+from helpers import ingest_config, ok_here, sentence_corpus
 from xling.core.integrity import PartDamaged, check_sizes
 from xling.core.runner import cell_state, committed_shards, part_files, read_cell
 from xling.core.store import RunStore
@@ -25,20 +25,7 @@ from xling.core.store import RunStore
 
 def _ingest(tmp_path) -> tuple[RunStore, str, str]:
     sentence_corpus(tmp_path / "sentences.jsonl")
-    cfg = tmp_path / "ingest.yaml"
-    cfg.write_text(f"""
-name: integrity
-run_root: {tmp_path / 'run'}
-stages: [ingest]
-ray: {{num_cpus: 2}}
-ingest:
-  tokenizer: tiny:nllb_hf
-  shards: 4
-  parallel: {{concurrency: [1, 1], batch_size: 64}}
-  corpora:
-    - {{name: s, format: jsonl, path: {tmp_path / 'sentences.jsonl'}, langs: [en],
-        id_field: id, title_field: null, text_field: body}}
-""")
+    cfg = ingest_config(tmp_path, str(tmp_path / "run"), shards=4)
     ok_here("ingest", "--config", str(cfg))
     store = RunStore(str(tmp_path / "run"))
     [cell] = store.list_dirs("ingest")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -57,6 +58,36 @@ def parse_run_root(uri: str) -> tuple[str, str, str]:
             f"lowercase letters, digits, '.' and '-'). Write it as s3://bucket/prefix."
         )
     return "s3", bucket, prefix.strip("/")
+
+
+S3_ATTEMPTS_ENV = "XLING_S3_MAX_ATTEMPTS"
+DEFAULT_S3_ATTEMPTS = 8
+log = logging.getLogger("xling.store")
+
+
+def s3_max_attempts() -> int:
+    """Attempts per S3 request, the first included, for boto3 and pyarrow alike: enough for
+    a throttling store (503 SlowDown), bounded so that a store that stays down fails the
+    cell (standard retry mode: jittered exponential backoff up to 20 s per wait)."""
+    value = os.environ.get(S3_ATTEMPTS_ENV, "").strip()
+    if not value:
+        return DEFAULT_S3_ATTEMPTS
+    if not value.isdigit() or int(value) < 1:
+        raise StoreError(f"{S3_ATTEMPTS_ENV}={value!r}: give a number of attempts, 1 or more")
+    return int(value)
+
+
+def _log_retry(attempts=None, caught_exception=None, response=None, operation=None,
+               request_dict=None, **_) -> None:
+    """botocore's needs-retry hook: one log line per failed attempt of an S3 request
+    (pyarrow's retries run in the AWS C++ SDK, out of Python's reach)."""
+    status = (response[0].status_code if response and response[0] is not None else None)
+    if caught_exception is None and (status is None or (status < 500 and status != 429)):
+        return
+    what = (f"{type(caught_exception).__name__}: {caught_exception}" if caught_exception
+            else f"HTTP {status} {((response[1] or {}).get('Error') or {}).get('Code', '')}")
+    log.warning("S3 %s %s: attempt %s of %s failed (%s)", getattr(operation, "name", "?"),
+                (request_dict or {}).get("url_path", ""), attempts, s3_max_attempts(), what)
 
 
 def s3_settings() -> dict[str, str | None]:
@@ -119,7 +150,7 @@ class RunStore:
                       session_token=s["session_token"])
         # Fail in seconds, not minutes, when the endpoint is down.
         kw.update(connect_timeout=5, request_timeout=60,
-                  retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3))
+                  retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=s3_max_attempts()))
         return pafs.S3FileSystem(**kw)
 
     @cached_property
@@ -128,14 +159,16 @@ class RunStore:
         from botocore.config import Config
 
         s = s3_settings()
-        return boto3.client(
+        client = boto3.client(
             "s3",
             endpoint_url=s["endpoint"],
             region_name=s["region"],
             config=Config(connect_timeout=5, read_timeout=60,
-                          retries={"max_attempts": 3, "mode": "standard"},
+                          retries={"total_max_attempts": s3_max_attempts(), "mode": "standard"},
                           s3={"addressing_style": "path"}),
         )
+        client.meta.events.register("needs-retry.s3", _log_retry)
+        return client
 
     # ---- checks --------------------------------------------------------------------
     def check(self, write: bool = True) -> None:
