@@ -21,7 +21,8 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from helpers import here, ingest_config, kill_after_commits, markers, ok_here, sentence_corpus, xling
+from helpers import (here, ingest_config, kill_after_commits, markers, ok_here,
+                     sentence_corpus, xling)
 from xling.core.lease import LEASE
 from xling.core.runner import read_cell
 from xling.core.store import RunStore

@@ -45,7 +45,7 @@ TTL_ENV = "XLING_LEASE_TTL"
 DEFAULT_TTL_S = 90.0
 SETTLE_S = 1.0  # read-back delay on a store without conditional writes
 
-log = logging.getLogger("xling.lease")
+logger = logging.getLogger("xling.lease")
 _HELD: dict[str, "RunLease"] = {}  # this process's leases, by run root
 _CONDITIONAL: dict[tuple, bool] = {}  # (endpoint, bucket) -> store honours If-(None-)Match
 
@@ -243,7 +243,7 @@ class _S3Backend(_Backend):
             finally:
                 s3.delete_object(Bucket=bucket, Key=probe)
             if not _CONDITIONAL[key]:
-                log.warning("the S3 store at %s ignores conditional writes: the run-root lease "
+                logger.warning("the S3 store at %s ignores conditional writes: the run-root lease "
                             "is checked by reading it back after %.0fs (see docs/design.md)",
                             key[0], SETTLE_S)
         return _CONDITIONAL[key]
@@ -315,7 +315,7 @@ class RunLease:
             try:
                 self.heartbeat()
             except Exception as e:  # a flaky store: the next beat tries again
-                log.warning("run-root lease heartbeat failed (%s); retrying in %.0fs", e, every)
+                logger.warning("run-root lease heartbeat failed (%s); retrying in %.0fs", e, every)
             if self.lost:
                 holder = self.backend.read()
                 print(f"xling: this driver lost the run root {self.store.url()} to "
@@ -343,13 +343,14 @@ class RunLease:
             if self._stop.is_set():
                 return
             self._stop.set()
+            atexit.unregister(self.release)
             if _HELD.get(self.store.url()) is self:
                 del _HELD[self.store.url()]
             if not self.lost and self.tag is not None:
                 try:
                     self.backend.delete(self.tag)
                 except Exception as e:  # it expires by itself
-                    log.warning("could not remove the run-root lease %s: %s",
+                    logger.warning("could not remove the run-root lease %s: %s",
                                 self.store.url(LEASE), e)
 
     def _abandon(self) -> None:

@@ -67,7 +67,8 @@ class Faults:
 
 
 _ERRORS = {"slowdown": (503, "SlowDown", "Please reduce your request rate."),
-           "error500": (500, "InternalError", "We encountered an internal error. Please try again.")}
+           "error500": (500, "InternalError",
+                        "We encountered an internal error. Please try again.")}
 
 
 class FaultProxy:
