@@ -36,12 +36,23 @@ def _digest(data: bytes) -> str:
 
 def part_digest(store: RunStore, rel: str) -> dict:
     """What a shard marker records of its part: bytes and digest (the file read once)."""
-    h, n = xxhash.xxh64(), 0
-    with store.fs.open_input_stream(store.fs_path(rel)) as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-    return {"bytes": n, "digest": f"xxh64:{h.hexdigest()}"}
+    def digest() -> dict:
+        h, n = xxhash.xxh64(), 0
+        with store.fs.open_input_stream(store.fs_path(rel)) as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                n += len(chunk)
+        return {"bytes": n, "digest": f"xxh64:{h.hexdigest()}"}
+
+    return store.retrying(f"read {store.url(rel)}", digest)
+
+
+def _read_all(store: RunStore, rel: str) -> bytes:
+    def read() -> bytes:
+        with store.fs.open_input_stream(store.fs_path(rel)) as f:
+            return f.read()
+
+    return store.retrying(f"read {store.url(rel)}", read)
 
 
 def _damaged(store: RunStore, rel_dir: str, name: str, what: str) -> PartDamaged:
@@ -71,8 +82,7 @@ def read_parts(store: RunStore, rel_dir: str, manifest: dict,
     for name in manifest["files"]:
         rec = _recorded(manifest, name)
         try:
-            with store.fs.open_input_stream(store.fs_path(f"{rel_dir}/{name}")) as f:
-                data = f.read()
+            data = _read_all(store, f"{rel_dir}/{name}")
         except FileNotFoundError:
             raise _damaged(store, rel_dir, name, "the file is missing") from None
         if "bytes" in rec and len(data) != rec["bytes"]:
