@@ -351,7 +351,7 @@ class RunLease:
                     self.backend.delete(self.tag)
                 except Exception as e:  # it expires by itself
                     logger.warning("could not remove the run-root lease %s: %s",
-                                self.store.url(LEASE), e)
+                                   self.store.url(LEASE), e)
 
     def _abandon(self) -> None:
         """An earlier lease of this process on the same root (a run that raised before its
