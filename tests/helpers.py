@@ -96,6 +96,26 @@ def sentence_corpus(path: Path) -> list[str]:
     return ids
 
 
+def ingest_config(tmp_path: Path, run_root: str, shards: int, name: str = "ingest") -> Path:
+    """An ingest config over `sentence_corpus` (written to tmp_path/sentences.jsonl, which
+    the caller makes): the tiny NLLB tokenizer, `shards` shards, one actor."""
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(f"""
+name: {name}
+run_root: {run_root}
+stages: [ingest]
+ray: {{num_cpus: 2}}
+ingest:
+  tokenizer: tiny:nllb_hf
+  shards: {shards}
+  parallel: {{concurrency: [1, 1], batch_size: 8}}
+  corpora:
+    - {{name: sentences, format: jsonl, path: {tmp_path / 'sentences.jsonl'}, langs: [en],
+        id_field: id, title_field: null, text_field: body}}
+""")
+    return cfg
+
+
 def markers(store: RunStore, stage: str = "ingest") -> dict[int, dict]:
     """The committed shard markers of every cell of ``stage``, by shard number."""
     out = {}

@@ -417,6 +417,8 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="smoke run: every cell reads only the first N records of its input, "
                         "under RUN_ROOT/_smoke/limit-N, apart from the full results")
+    p.add_argument("--takeover", action="store_true",
+                   help="take the run root from the driver that holds it (core/lease.py)")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")

@@ -131,6 +131,7 @@ def run_stages(cfg: XlingConfig | list[XlingConfig], stages: list[str], args) ->
 
 def _run_plan(cfgs: list[XlingConfig], stages: list[str], args) -> int:
     from xling.core.hosts import plan_hosts, sharing
+    from xling.core.lease import acquire as acquire_lease
     from xling.core.plan import build_plan
     from xling.core.runner import Runner
     from xling.core.runtime import init_ray
@@ -172,17 +173,19 @@ def _run_plan(cfgs: list[XlingConfig], stages: list[str], args) -> int:
     check_gpu_fit(plan)
     store.check()
     plan.check_inputs(store)
-    for one in cfgs:
-        for i, name in enumerate(stages):
-            if name != "report":
-                registry[name]().prepare(one, store, upstream=tuple(stages[:i]))
-    attach_logs(console, cfgs[0], runner.run_id)
-    store.write_json(f"_runs/{runner.run_id}/plan.json", plan.to_json(runner.run_id))
-    console.detail(f"[xling] plan: {store.url(f'_runs/{runner.run_id}/plan.json')}\n"
-                   + "\n".join(plan.describe()))
-    if ray_stages:
-        init_ray(cfgs[0], args.address, console.level)
-    try:
+    lease = None if set(stages) <= {"report"} else acquire_lease(  # one driver per run root
+        store, runner.run_id, takeover=getattr(args, "takeover", False), log=console.say)
+    try:  # from here on, the lease is released however the command ends
+        for one in cfgs:
+            for i, name in enumerate(stages):
+                if name != "report":
+                    registry[name]().prepare(one, store, upstream=tuple(stages[:i]))
+        attach_logs(console, cfgs[0], runner.run_id)
+        store.write_json(f"_runs/{runner.run_id}/plan.json", plan.to_json(runner.run_id))
+        console.detail(f"[xling] plan: {store.url(f'_runs/{runner.run_id}/plan.json')}\n"
+                       + "\n".join(plan.describe()))
+        if ray_stages:
+            init_ray(cfgs[0], args.address, console.level)
         with sharing(hosts):
             for name in stages:
                 if name == "report":
@@ -202,6 +205,8 @@ def _run_plan(cfgs: list[XlingConfig], stages: list[str], args) -> int:
         if note:
             console.say(note)
         console.close()
+        if lease is not None:
+            lease.release()
     return 0
 
 

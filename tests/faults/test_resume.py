@@ -13,43 +13,19 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from helpers import ROOT, kill_after_commits, markers, ok_here, sentence_corpus, xling
+from helpers import (ROOT, ingest_config, kill_after_commits, markers, ok_here,
+                     sentence_corpus, xling)
 from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 N_SHARDS = 12
 
 
-def write_config(tmp_path: Path, run_root: str) -> Path:
-    corpus = tmp_path / "sentences.jsonl"
-    cfg = tmp_path / "resume.yaml"
-    cfg.write_text(f"""
-name: resume
-run_root: {run_root}
-stages: [ingest]
-ray: {{num_cpus: 2}}
-ingest:
-  tokenizer: tiny:nllb_hf
-  shards: {N_SHARDS}
-  parallel: {{concurrency: [1, 1], batch_size: 8}}
-  corpora:
-    - name: sentences
-      format: jsonl
-      path: {corpus}
-      langs: [en]
-      id_field: id
-      title_field: null
-      text_field: body
-""")
-    return cfg
-
-
 def test_sigkill_mid_run_then_resume_on_s3(tmp_path, s3_env, tiny_models, ray_local):
     run_root = f"s3://xling-test/resume-{os.getpid()}-{int(time.time() * 1000)}"
     ids = sentence_corpus(tmp_path / "sentences.jsonl")
-    cfg = write_config(tmp_path, run_root)
+    cfg = ingest_config(tmp_path, run_root, N_SHARDS, name="resume")
     store = RunStore(run_root)
 
     # A slow commit (fault-injection knob) leaves a wide window to kill the driver in.

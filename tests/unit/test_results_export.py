@@ -61,6 +61,9 @@ def write_runs(cfg, store):
         t = pa.Table.from_pylist(rows, schema=HITS_SCHEMA).append_column(
             "error", pa.nulls(len(rows), pa.string()))
         store.write_parquet(f"{c.dir}/part-00000.parquet", t)
+        # its shard marker, as a commit writes it: finalize reads the parts markers name
+        store.write_json(f"{c.dir}/_shards/00000.json", {"shard": 0, "file": "part-00000.parquet",
+                                                         "rows": len(rows), "errors": 0})
         extra = export_trec(store, c)
         store.write_json(f"{c.dir}/_manifest.json", {"key": c.key, "rows": len(rows),
                                                      "errors": 0, "n_shards": 1,

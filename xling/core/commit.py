@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from xling.core.cells import CELL, ERROR, RID, SHARD
+from xling.core.integrity import part_digest
 from xling.core.store import RunStore
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
         return {"file": name, "rows": table.num_rows, "errors": errors,
                 "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
                 "lost_records": 0, "pieces": len(pieces), "host": socket.gethostname(),
-                **({"stats": counts(table)} if counts else {})}
+                **part_digest(store, final), **({"stats": counts(table)} if counts else {})}
     lost: list[str] = []
     if seen is not None and len(seen) < expected["rows"]:
         rows = store.read_parquet(expected["files"])
@@ -157,7 +158,7 @@ def _commit_shard(store: RunStore, cell_dir: str, shard: int, pieces: list[str],
     return {"file": name, "rows": table.num_rows, "errors": errors,
             "input_rows": expected["rows"], "input_fingerprint": expected.get("fingerprint"),
             "lost_records": len(lost), "pieces": len(pieces), "host": socket.gethostname(),
-            **({"stats": counts(table)} if counts else {})}
+            **part_digest(store, final), **({"stats": counts(table)} if counts else {})}
 
 
 def _export_path(cell_dir: str, shard: int, suffix: str) -> str:

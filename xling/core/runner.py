@@ -65,6 +65,7 @@ from xling.core.commit import (
     _write_shards,
 )
 from xling.core.config import stable_hash
+from xling.core.integrity import check_sizes, marker_shard
 from xling.core.pools import LIGHT_CPUS
 from xling.core.provenance import provenance
 from xling.core.status import cell_state, committed_shards
@@ -248,8 +249,7 @@ class Runner:
 
     def _pending_rows(self, cell: Cell, info: dict) -> int:
         """Input records of the cell's shards that are not committed (the progress total)."""
-        done = {int(p.rsplit("/", 1)[-1].split(".")[0]) for p in
-                self.store.list(f"{cell.dir}/_shards") if p.endswith(".json")}
+        done = {marker_shard(p) for p in self.store.list(f"{cell.dir}/_shards")}
         return sum(v["rows"] for s, v in info["shards"].items() if int(s) not in done)
 
     def _fail(self, stage: Stage, cell: Cell, e: BaseException, reports: dict) -> None:
@@ -390,6 +390,7 @@ class Runner:
         manifest = self.store.read_json_or_none(f"{source.cell}/_manifest.json")
         if not manifest or manifest["n_shards"] != cell.n_shards:
             return None
+        check_sizes(self.store, source.cell, manifest)
         ins, files = manifest["inputs"]["shards"], set(manifest["files"])
         shards = {s: {"rows": v["rows"], "fingerprint": v["fingerprint"],
                       "files": [f"{source.cell}/part-{int(s):05d}.parquet"]}
@@ -640,7 +641,8 @@ class Runner:
             "n_shards": cell.n_shards, "rows": rows, "errors": errors,
             "files": [markers[s]["file"] for s in sorted(markers)],
             "shards": {str(s): {k: markers[s][k] for k in ("rows", "errors", "run_id",
-                                                           "committed_at", "seconds")}
+                                                           "committed_at", "seconds", "bytes",
+                                                           "digest") if k in markers[s]}
                        for s in sorted(markers)},
             "run_ids": sorted({m["run_id"] for m in markers.values()}),
             "driver_bytes": self.driver_bytes.get(cell.id, 0),

@@ -6,13 +6,13 @@ shard markers, its state (done, partial, failed), the state of every cell of a r
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from xling.core.cells import Cell, StageFailed
 from xling.core.config import ConfigError
+from xling.core.integrity import marker_shard, read_parts
 from xling.core.store import RunStore
 
 if TYPE_CHECKING:
@@ -32,9 +32,9 @@ PLOTS = "_plots"  # a study's figures, `_plots/<name>.png`
 def part_files(store: RunStore, rel_dir: str) -> list[str]:
     """The Parquet parts a cell has committed so far: what `Stage.finalize` reads, before
     the manifest that lists them exists."""
-    parent = rel_dir.strip("/")
-    return sorted(f for f in store.list(rel_dir) if f.rsplit("/", 1)[0] == parent and
-                  re.fullmatch(r"part-\d+\.parquet", f.rsplit("/", 1)[-1]))
+    # The files the markers name: a file xling did not commit is never read as rows.
+    return sorted(f"{rel_dir.strip('/')}/{m['file']}"
+                  for m in committed_shards(store, rel_dir).values())
 
 
 def part_stats(store: RunStore, rel_dir: str) -> dict[str, int] | None:
@@ -49,7 +49,8 @@ def part_stats(store: RunStore, rel_dir: str) -> dict[str, int] | None:
 
 def committed_shards(store: RunStore, rel_dir: str) -> dict[int, dict]:
     """The shard markers of a cell, by shard number."""
-    markers = (store.read_json(p) for p in store.list(f"{rel_dir}/_shards") if p.endswith(".json"))
+    markers = (store.read_json(p) for p in store.list(f"{rel_dir}/_shards")
+               if marker_shard(p) is not None)  # not what others left in _shards/
     return {int(m["shard"]): m for m in markers}
 
 
@@ -88,7 +89,7 @@ def read_cell(store: RunStore, rel_dir: str, columns: list[str] | None = None) -
     manifest = store.read_json_or_none(f"{rel_dir}/_manifest.json")
     if not manifest:
         raise FileNotFoundError(f"{store.url(rel_dir)} is not a finished cell (no _manifest.json)")
-    return store.read_parquet([f"{rel_dir}/{f}" for f in manifest["files"]], columns=columns)
+    return read_parts(store, rel_dir, manifest, columns)  # each part checked against its marker
 
 
 class MissingInput(StageFailed, ConfigError):

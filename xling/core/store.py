@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import random
 import re
 import shutil
 import tempfile
+import time
 import uuid
+import functools
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -57,6 +61,47 @@ def parse_run_root(uri: str) -> tuple[str, str, str]:
             f"lowercase letters, digits, '.' and '-'). Write it as s3://bucket/prefix."
         )
     return "s3", bucket, prefix.strip("/")
+
+
+S3_ATTEMPTS_ENV = "XLING_S3_MAX_ATTEMPTS"
+DEFAULT_S3_ATTEMPTS = 8
+CHECK_ATTEMPTS = 3  # RunStore.check, before any work
+log = logging.getLogger("xling.store")
+
+
+def s3_max_attempts() -> int:
+    """Attempts per S3 request, the first included, for boto3 and pyarrow alike: enough for
+    a throttling store (503 SlowDown), bounded so that a store that stays down fails the
+    cell (standard retry mode: jittered exponential backoff up to 20 s per wait)."""
+    value = os.environ.get(S3_ATTEMPTS_ENV, "").strip()
+    if not value:
+        return DEFAULT_S3_ATTEMPTS
+    if not value.isdigit() or int(value) < 1:
+        raise StoreError(f"{S3_ATTEMPTS_ENV}={value!r}: give a number of attempts, 1 or more")
+    return int(value)
+
+
+def _log_retry(limit: int, attempts=None, caught_exception=None, response=None,
+               operation=None, request_dict=None, **_) -> None:
+    """botocore's needs-retry hook: one log line per failed attempt of an S3 request
+    (pyarrow's retries run in the AWS C++ SDK, out of Python's reach)."""
+    status = (response[0].status_code if response and response[0] is not None else None)
+    if caught_exception is None and (status is None or (status < 500 and status != 429)):
+        return
+    what = (f"{type(caught_exception).__name__}: {caught_exception}" if caught_exception
+            else f"HTTP {status} {((response[1] or {}).get('Error') or {}).get('Code', '')}")
+    log.warning("S3 %s %s: attempt %s of %s failed (%s)", getattr(operation, "name", "?"),
+                (request_dict or {}).get("url_path", ""), attempts, limit, what)
+
+
+# pyarrow errors (AWS C++ SDK) worth another try once the SDK's own retries are over or did
+# not apply: Ray Data's `retried_io_errors`. INTERNAL_FAILURE includes a ranged GET whose
+# 503/500 error body overflowed the read's buffer ("Failed to flush response stream"),
+# which the SDK does not retry (seen under tests/faults/test_s3_faults.py).
+TRANSIENT_PYARROW = ("AWS Error INTERNAL_FAILURE", "AWS Error NETWORK_CONNECTION",
+                     "AWS Error SLOW_DOWN", "AWS Error SERVICE_UNAVAILABLE",
+                     "AWS Error UNKNOWN (HTTP status 503)", "AWS Error UNKNOWN (HTTP status 500)")
+PYARROW_ROUNDS = 3  # RunStore.retrying: rounds of the SDK's own attempts
 
 
 def s3_settings() -> dict[str, str | None]:
@@ -119,11 +164,17 @@ class RunStore:
                       session_token=s["session_token"])
         # Fail in seconds, not minutes, when the endpoint is down.
         kw.update(connect_timeout=5, request_timeout=60,
-                  retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3))
+                  retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=s3_max_attempts()))
         return pafs.S3FileSystem(**kw)
 
     @cached_property
     def s3(self):
+        attempts = s3_max_attempts()
+        client = self._boto3(attempts)
+        client.meta.events.register("needs-retry.s3", functools.partial(_log_retry, attempts))
+        return client
+
+    def _boto3(self, attempts: int):
         import boto3
         from botocore.config import Config
 
@@ -133,9 +184,23 @@ class RunStore:
             endpoint_url=s["endpoint"],
             region_name=s["region"],
             config=Config(connect_timeout=5, read_timeout=60,
-                          retries={"max_attempts": 3, "mode": "standard"},
+                          retries={"total_max_attempts": attempts, "mode": "standard"},
                           s3={"addressing_style": "path"}),
         )
+
+    def retrying(self, what: str, fn):
+        """`fn()` (pyarrow I/O on this store), again after a logged backoff when S3 fails it
+        with a transient error, at most PYARROW_ROUNDS times; local stores call it once."""
+        for round_ in range(1, PYARROW_ROUNDS + 1):
+            try:
+                return fn()
+            except OSError as e:
+                if (not self.is_s3 or round_ == PYARROW_ROUNDS
+                        or not any(t in str(e) for t in TRANSIENT_PYARROW)):
+                    raise
+                log.warning("S3 %s: round %d of %d failed (%s), retrying", what, round_,
+                            PYARROW_ROUNDS, str(e).splitlines()[0])
+                time.sleep(random.uniform(0.5, 1.0) * 2 ** round_)
 
     # ---- checks --------------------------------------------------------------------
     def check(self, write: bool = True) -> None:
@@ -158,19 +223,19 @@ class RunStore:
         )
 
         endpoint = s3_settings()["endpoint"] or "AWS S3"
-        try:
-            self.s3  # noqa: B018 -- building the client validates the endpoint URL
+        try:  # a probe's few attempts, unlogged: a store that is down fails in one line
+            probe_client = self._boto3(CHECK_ATTEMPTS)
         except ValueError as e:  # botocore: "Invalid endpoint: ..." (no scheme, or set but empty)
             raise StoreError(
                 f"run_root '{self.uri}': {e}. Set AWS_ENDPOINT_URL to a full URL such as "
                 f"http://127.0.0.1:8333, or unset it (and AWS_ENDPOINT_URL_S3) for AWS S3."
             ) from None
         try:
-            self.s3.head_bucket(Bucket=self.bucket)
+            probe_client.head_bucket(Bucket=self.bucket)
             if write:
                 probe = self.key(f".xling-probe-{uuid.uuid4().hex}")
-                self.s3.put_object(Bucket=self.bucket, Key=probe, Body=b"ok")
-                self.s3.delete_object(Bucket=self.bucket, Key=probe)
+                probe_client.put_object(Bucket=self.bucket, Key=probe, Body=b"ok")
+                probe_client.delete_object(Bucket=self.bucket, Key=probe)
         except NoCredentialsError:
             raise StoreError(
                 f"run_root '{self.uri}': no S3 credentials. Set AWS_ACCESS_KEY_ID and "
@@ -355,32 +420,47 @@ class RunStore:
     def write_parquet(self, rel: str, table: pa.Table) -> None:
         if not self.is_s3:
             Path(self.key(rel)).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, self.fs_path(rel), filesystem=self.fs, compression="zstd")
+        # An upload that failed completed nothing (S3 multipart), so writing again is safe.
+        self.retrying(f"write {self.url(rel)}", lambda: pq.write_table(
+            table, self.fs_path(rel), filesystem=self.fs, compression="zstd"))
 
     def read_parquet(self, rels: list[str] | str, columns: list[str] | None = None) -> pa.Table:
         """Files concatenated; `columns` missing from a file (e.g. an empty shard's part,
         which has only `error`) come back as nulls rather than failing the read."""
         rels = [rels] if isinstance(rels, str) else list(rels)
-        tables = []
-        for r in rels:
-            if columns is None:
-                tables.append(pq.read_table(self.fs_path(r), filesystem=self.fs))
-                continue
-            f = pq.ParquetFile(self.fs_path(r), filesystem=self.fs)
-            have = [c for c in columns if c in f.schema_arrow.names]
-            t = f.read(columns=have)
-            if len(have) < len(columns):
-                if t.num_rows:
-                    for c in columns:
-                        if c not in have:
-                            t = t.append_column(c, pa.nulls(t.num_rows))
-                else:
-                    continue  # an empty file says nothing about types
-            tables.append(t.select(columns))
-        if not tables:
-            return pa.table({c: pa.array([], pa.string()) for c in columns or []})
-        return pa.concat_tables(tables, promote_options="default")
+
+        def read() -> pa.Table:
+            files = (pq.ParquetFile(self.fs_path(r), filesystem=self.fs) for r in rels)
+            return concat_parts(files, columns)
+
+        return self.retrying(f"read {self.url(rels[0]) if rels else ''} ({len(rels)} files)",
+                             read)
 
     def parquet_rows(self, rel: str) -> int:
-        with self.fs.open_input_file(self.fs_path(rel)) as f:
-            return pq.ParquetFile(f).metadata.num_rows
+        def rows() -> int:
+            with self.fs.open_input_file(self.fs_path(rel)) as f:
+                return pq.ParquetFile(f).metadata.num_rows
+
+        return self.retrying(f"read {self.url(rel)}", rows)
+
+
+def concat_parts(files: Iterable[pq.ParquetFile], columns: list[str] | None = None) -> pa.Table:
+    """Parquet files as one table (RunStore.read_parquet), `columns` a file lacks as nulls."""
+    tables = []
+    for f in files:
+        if columns is None:
+            tables.append(f.read())
+            continue
+        have = [c for c in columns if c in f.schema_arrow.names]
+        t = f.read(columns=have)
+        if len(have) < len(columns):
+            if t.num_rows:
+                for c in columns:
+                    if c not in have:
+                        t = t.append_column(c, pa.nulls(t.num_rows))
+            else:
+                continue  # an empty file says nothing about types
+        tables.append(t.select(columns))
+    if not tables:
+        return pa.table({c: pa.array([], pa.string()) for c in columns or []})
+    return pa.concat_tables(tables, promote_options="default")
