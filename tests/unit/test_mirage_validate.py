@@ -160,6 +160,9 @@ def test_the_features_manifest_records_the_wording(tmp_path, wording):
     store = RunStore(str(tmp_path))
     store.write_parquet("cell/part-00000.parquet",
                         pa.table({"cached": [False], "error": pa.array([None], pa.string())}))
+    # its shard marker, as a commit writes it: finalize reads the parts markers name
+    store.write_json("cell/_shards/00000.json", {"shard": 0, "file": "part-00000.parquet",
+                                                 "rows": 1, "errors": 0})
     options = STUDY.validate_options({"data": f"{DATA}/mirage-bench", "held_out": [],
                                       "feature_prompts": wording})
     cell = SimpleNamespace(dir="cell", key={"scorer": "llm", "lang": "en"},
