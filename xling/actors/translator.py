@@ -40,6 +40,29 @@ OUTPUT = pa.schema([
 PASS_THROUGH = ("_rid", "_cell", "_shard")
 
 
+def cuda_or_cpu(device: str) -> str:
+    """The device a translator runs on, checked before any work: `cuda`, or `auto` in an
+    actor that Ray gave a GPU, needs CTranslate2 to see a device and CUDA 12 cuBLAS to load
+    (core/cuda.py); otherwise this raises, never falling back to the CPU. `auto` elsewhere
+    is cuda where CTranslate2 sees a device, else cpu."""
+    import ctranslate2
+
+    from xling.core.cuda import no_cuda_device, preload_cublas12, ray_gpus
+
+    n = ctranslate2.get_cuda_device_count()
+    gpus = ray_gpus()
+    if device == "auto":
+        device = "cuda" if n > 0 or gpus else "cpu"
+    if device == "cuda":
+        if n == 0:
+            given = f"Ray gave this actor GPU {gpus}, " if gpus else ""
+            raise RuntimeError(no_cuda_device(
+                f"CTranslate2 {ctranslate2.__version__}",
+                f"{given}ctranslate2.get_cuda_device_count() is 0"))
+        preload_cublas12()
+    return device
+
+
 class Translator:
     """One NLLB model for every cell of a pipeline.
 
@@ -63,8 +86,7 @@ class Translator:
 
         from xling.tasks.text import fingerprint, sentences
 
-        if device == "auto":
-            device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+        device = cuda_or_cpu(device)
         self.engine = ctranslate2.Translator(model_dir, device=device, compute_type=compute_type,
                                              inter_threads=inter_threads,
                                              intra_threads=intra_threads)

@@ -113,6 +113,15 @@ class TranslateConfig(Strict):
         return v
 
     @model_validator(mode="after")
+    def _gpu_for_cuda(self) -> "TranslateConfig":
+        # Ray hides the GPUs from an actor that reserved none: it could only fail.
+        if self.device == "cuda" and not self.parallel.num_gpus:
+            raise ValueError("device: cuda needs a GPU per translator actor: set "
+                             "translate.parallel.num_gpus (1, or 0.5 to share one), or "
+                             "device: auto / cpu")
+        return self
+
+    @model_validator(mode="after")
     def _pairs(self) -> "TranslateConfig":
         if not self.documents and not self.topics:
             raise ValueError("translate needs `documents:` or `topics:` (or both)")
