@@ -47,11 +47,11 @@ TAGS = {t: i for i, t in enumerate([*cpython_tags(PY, platforms=PLATFORMS),
 # a binary (MKL's CPU dispatch, optional profilers) are not run-time requirements.
 CUDA_LIB = re.compile(
     rb"\b(lib(?:cuda|cudart|cublas|cublasLt|cudnn(?:_[a-z_]+)?|cufft|cufftw|curand|cusolver|"
-    rb"cusparse|cusparseLt|nccl|nvrtc|nvJitLink|nvidia-ml|cupti|nvToolsExt|cufile|nvshmem_host)"
+    rb"cusparse|cusparseLt|nccl|nvrtc|nvrtc-builtins|nvJitLink|nvidia-ml|cupti|nvToolsExt|cufile|nvshmem_host)"
     rb"\.so(?:\.\d+)*)\x00")
 SO = re.compile(r"\.so(\.[^/]+)?$")  # also libssl-81259c47.so.1.1.1k
 HERE = Path(__file__).resolve().parent
-ANALYSIS = 2  # bump when what `analyse` records changes: the cached findings are redone
+ANALYSIS = 3  # bump when what `analyse` records changes: the cached findings are redone
 
 
 # ---- the lock and the index ---------------------------------------------------------------

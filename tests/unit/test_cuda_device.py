@@ -63,3 +63,30 @@ def test_the_translator_refuses_cuda_without_a_device(tmp_path):
         m.setattr("xling.core.cuda.ray_gpus", lambda: [0])
         with pytest.raises(RuntimeError, match=r"Ray gave this actor GPU \[0\]"):
             cuda_or_cpu("auto")
+
+
+def test_cublas12_is_loaded_from_the_wheels_by_path_or_refused_with_the_fix(tmp_path, monkeypatch):
+    """CTranslate2's CUDA 12 cuBLAS comes from the nvidia-*-cu12 wheels' folders on sys.path
+    (stood in for by copies of zlib: what is tested is where they are looked up and the
+    order they load in); without them, the error names the packages to install."""
+    import shutil
+    import sys
+
+    from xling.core.cuda import CUBLAS12, preload_cublas12
+
+    import ctypes.util
+
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "empty"), *sys.path])
+    if ctypes.util.find_library("nvrtc") is None:  # no system CUDA 12 to fall back on
+        with pytest.raises(RuntimeError, match=r"CTranslate2 on CUDA opens libnvrtc.so.12, "
+                                               r"which cannot be loaded .*pip install "
+                                               r"nvidia-cublas-cu12"):
+            preload_cublas12()
+    for name, folder in CUBLAS12:
+        (tmp_path / "sp" / "nvidia" / folder / "lib").mkdir(parents=True, exist_ok=True)
+        shutil.copy("/lib/x86_64-linux-gnu/libz.so.1", tmp_path / "sp" / "nvidia" / folder /
+                    "lib" / name)
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "sp"), *sys.path])
+    assert preload_cublas12() == [str(tmp_path / "sp/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"),
+                                  str(tmp_path / "sp/nvidia/cublas/lib/libcublasLt.so.12"),
+                                  str(tmp_path / "sp/nvidia/cublas/lib/libcublas.so.12")]

@@ -5,7 +5,8 @@ torch 2.13 and vLLM are CUDA 13 builds (requirements-gpu.lock: nvidia-cublas 13,
 site-packages/nvidia/cu13/lib). CTranslate2 4.8.5's only Linux wheel is a CUDA 12 build: its
 library links the CUDA runtime statically but opens `libcublas.so.12` by name (dlopen) on
 first GPU use, which nothing on its search path provides. The lock therefore also pins
-nvidia-cublas-cu12 (site-packages/nvidia/cublas/lib), and `preload_cublas12` loads it into the
+nvidia-cublas-cu12 (site-packages/nvidia/cublas/lib) and the NVRTC 12 its cuBLASLt opens
+(nvidia-cuda-nvrtc-cu12, nvidia/cuda_nvrtc/lib), and `preload_cublas12` loads them into the
 process by path with RTLD_GLOBAL before a CUDA translator starts, so CTranslate2's dlopen
 finds it loaded. The two cuBLAS versions have different sonames and live side by side.
 """
@@ -16,25 +17,29 @@ import ctypes
 import sys
 from pathlib import Path
 
-CUBLAS12 = ("libcublasLt.so.12", "libcublas.so.12")  # Lt first: libcublas links it
+# (soname, its wheel's folder under site-packages/nvidia), in load order: cuBLASLt opens
+# NVRTC by name for the kernels it compiles at run time, and libcublas links cuBLASLt.
+CUBLAS12 = (("libnvrtc.so.12", "cuda_nvrtc"), ("libcublasLt.so.12", "cublas"),
+            ("libcublas.so.12", "cublas"))
 CUBLAS12_FIX = ("install CUDA 12 cuBLAS beside torch's CUDA 13 (pip install "
-                "nvidia-cublas-cu12==12.9.1.4; requirements-gpu.lock pins it, `make setup GPU=1`)")
+                "nvidia-cublas-cu12==12.9.1.4 nvidia-cuda-nvrtc-cu12==12.9.86; "
+                "requirements-gpu.lock pins them, `make setup GPU=1`)")
 
 
-def _wheel_lib(name: str) -> Path | None:
+def _wheel_lib(name: str, folder: str) -> Path | None:
     for entry in sys.path:
-        path = Path(entry or ".", "nvidia", "cublas", "lib", name)
+        path = Path(entry or ".", "nvidia", folder, "lib", name)
         if path.is_file():
             return path
     return None
 
 
 def preload_cublas12() -> list[str]:
-    """Load CUDA 12 cuBLAS into this process (the nvidia-cublas-cu12 wheel's, else the
-    system's); the paths loaded. Raises RuntimeError with the fix when it is nowhere."""
+    """Load CUDA 12 cuBLAS (and NVRTC) into this process (the nvidia-*-cu12 wheels', else
+    the system's); the paths loaded. Raises RuntimeError with the fix when it is nowhere."""
     loaded = []
-    for name in CUBLAS12:
-        path = _wheel_lib(name)
+    for name, folder in CUBLAS12:
+        path = _wheel_lib(name, folder)
         try:
             ctypes.CDLL(str(path) if path else name, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
