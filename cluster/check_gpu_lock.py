@@ -273,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  no wheel for the platform (sdists, built at install): {', '.join(no_wheel)}")
     for p in problems:
         print(f"  {p}")
-    print(f"{'FAIL' if problems else 'OK'}: {len(problems)} unmet library "
-          f"requirement{'s' if len(problems) != 1 else ''}")
+    print(f"FAIL: {len(problems)} problems (MISSING: a library nothing provides; CLASH: two "
+          "wheels install one file)" if problems else
+          "OK: every shared library of the lock finds what it links and the CUDA libraries it "
+          "opens")
     return 1 if problems else 0
 
 
