@@ -130,7 +130,7 @@ def probe_ctranslate2(device: str) -> dict:
     import ctranslate2
 
     from xling.actors.translator import cuda_or_cpu
-    from xling.core.cuda import CUBLAS12_FIX
+    from xling.actors.cuda import CUBLAS12_FIX
 
     n = ctranslate2.get_cuda_device_count()
     wanted = "cuda" if _cuda_wanted(device, _torch_cuda()) else "cpu"

@@ -60,7 +60,7 @@ def test_the_translator_refuses_cuda_without_a_device(tmp_path):
     assert cuda_or_cpu("auto") == "cpu"
     monkeypatch = pytest.MonkeyPatch()
     with monkeypatch.context() as m:
-        m.setattr("xling.core.cuda.ray_gpus", lambda: [0])
+        m.setattr("xling.actors.cuda.ray_gpus", lambda: [0])
         with pytest.raises(RuntimeError, match=r"Ray gave this actor GPU \[0\]"):
             cuda_or_cpu("auto")
 
@@ -72,7 +72,7 @@ def test_cublas12_is_loaded_from_the_wheels_by_path_or_refused_with_the_fix(tmp_
     import shutil
     import sys
 
-    from xling.core.cuda import CUBLAS12, preload_cublas12
+    from xling.actors.cuda import CUBLAS12, preload_cublas12
 
     import ctypes.util
 

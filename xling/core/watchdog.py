@@ -27,12 +27,7 @@ from xling.actors.llm import Completion, LLMEngine, Prompt, Sampling
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HANG_S = 600.0  # no vLLM step takes minutes; a hung one never returns
 POLL_S = 1.0
-
-
-class EngineHung(Exception):
-    pass
 
 
 class Watchdog(LLMEngine):

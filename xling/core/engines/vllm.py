@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import Field, computed_field
 
 from xling.actors.llm import (
+    HANG_TIMEOUT_S,
     Completion,
     LLMEngine,
     Prompt,
@@ -35,7 +36,6 @@ from xling.actors.llm import (
 from xling.core.config import ConfigError, NoHash
 from xling.core.engines.base import EngineSpec
 from xling.core.models import resolve_model
-from xling.core.watchdog import DEFAULT_HANG_S
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ class VLLMSpec(EngineSpec):
     gpu_memory_utilization: float = NoHash(0.9, gt=0, le=1)
     enforce_eager: bool = NoHash(False, description="no CUDA graphs / torch.compile")
     hang_timeout_s: float = NoHash(
-        DEFAULT_HANG_S, gt=0, description="watchdog: when the engine makes no progress (no "
+        HANG_TIMEOUT_S, gt=0, description="watchdog: when the engine makes no progress (no "
         "step ends) for this long, the batches waiting on it become error rows and the engine "
         "is restarted (core/watchdog.py)")
 
