@@ -79,6 +79,15 @@ def test_a_hung_async_call_fails_its_rows_and_the_engine_restarts(watched):
     assert [c.text for c in after] == ["D", "E"] and watched.restarts == 1
 
 
+def test_the_engines_own_tools_are_the_current_engines(watched):
+    """What a stage asks of the engine beyond `complete` (the reranker: `tokenize`,
+    `max_model_len`) reaches the engine of the moment, before and after a restart."""
+    assert hasattr(watched, "progress") and not hasattr(watched, "tokenize")
+    assert watched.release is HangingEngine.built[0].release
+    watched.complete(["hang"], Sampling())
+    assert watched.release is HangingEngine.built[1].release
+
+
 def test_a_hung_sync_call_fails_its_rows_and_the_engine_restarts(watched):
     out = watched.complete(["hang", "x"], Sampling())
     _check_hung_call(out, watched, 2)

@@ -47,6 +47,13 @@ class Watchdog(LLMEngine):
     def truncate(self, texts: list[str], n_tokens: int) -> list[str]:
         return self.engine.truncate(texts, n_tokens)
 
+    def __getattr__(self, name: str):
+        """The engine's own tools (vLLM's `tokenize`, `max_model_len`: the listwise
+        reranker's prompt fitting asks for them) are the current engine's."""
+        if name == "engine":  # not built yet
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
     def _hung(self, engine: LLMEngine, started: float) -> bool:
         progress = getattr(engine, "progress", lambda: None)()
         return time.monotonic() - max(started, progress or started) > self.hang_s
