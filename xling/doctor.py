@@ -133,8 +133,8 @@ def probe_vllm(device: str) -> dict:
 def probe_ctranslate2(device: str) -> dict:
     import ctranslate2
 
-    from xling.actors.translator import cuda_or_cpu
     from xling.actors.cuda import CUBLAS12_FIX
+    from xling.actors.translator import cuda_or_cpu
 
     n = ctranslate2.get_cuda_device_count()
     wanted = "cuda" if _cuda_wanted(device, _torch_cuda()) else "cpu"
