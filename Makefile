@@ -2,6 +2,7 @@
 # Both create .venv from requirements.lock on a fresh Debian 12 / Python 3.11 machine.
 #   make setup GPU=1   (or make setup-gpu)  the CUDA environment instead: requirements-gpu.lock
 #   make lock / make lock-gpu              re-resolve the CPU / GPU lock (needs the registries)
+#   make check-gpu-lock                    every native library of the GPU lock finds what it loads
 #   make image                             the cluster image (cluster/Dockerfile, GPU lock)
 PY      ?= python3.11
 VENV    := .venv
@@ -22,7 +23,7 @@ TORCH       := $(shell sed -n 's/^torch==//p' requirements.lock)
 PYTAG       := $(shell $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) -c 'import sys; print("cp%d%d" % sys.version_info[:2])' 2>/dev/null)
 FIND        := $(if $(wildcard $(WHEELS)/torch-$(TORCH)-$(PYTAG)-*.whl),--find-links $(WHEELS),)
 
-.PHONY: setup setup-gpu bytecode demo test test-unit test-fast lock lock-gpu image models clean
+.PHONY: setup setup-gpu bytecode demo test test-unit test-fast lock lock-gpu check-gpu-lock image models clean
 
 setup: $(STAMP)
 
@@ -121,6 +122,16 @@ lock-gpu:
 	  pyproject.toml --extra gpu-llm --extra dev \
 	  --custom-compile-command "make lock-gpu" -o requirements-gpu.lock
 	sed -i '1i # Exact environment for xling on NVIDIA GPUs (Linux x86_64, Python 3.11): CUDA torch, vllm,\n# CTranslate2, FlagEmbedding. Regenerate with `make lock-gpu`; install with `make setup GPU=1`\n# or build cluster/Dockerfile (`make image`).' requirements-gpu.lock
+	$(MAKE) check-gpu-lock
+
+# The GPU lock checked without a GPU (cluster/check_gpu_lock.py): the soname every shared
+# library of its wheels links, and each CUDA library it opens at run time, is in some wheel of
+# the lock or in the base image (cluster/base-image-libs.txt). Reads the wheels' .so files
+# from PyPI (about 6 GB the first time, range requests, nothing kept); the findings are
+# cached per wheel under GPU_LOCK_CACHE, after which a run reads only the package index.
+GPU_LOCK_CACHE ?= $(HOME)/.cache/xling/gpu-lock-check
+check-gpu-lock:
+	$(BIN)/python cluster/check_gpu_lock.py --lock requirements-gpu.lock --cache $(GPU_LOCK_CACHE)
 
 # The cluster image (KubeRay, ray up): Ray's GPU image + requirements-gpu.lock + this checkout.
 image:

@@ -510,6 +510,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the mean rows (query_id empty); latex always shows those")
     p.add_argument("--trec", default=None, metavar="DIR",
                    help="also write the TREC runs there, named run.<topics>.<run>.txt")
+    p = sub.add_parser(
+        "doctor", help="check every engine on this machine: versions, devices, libraries, "
+                       "a one-record smoke each",
+        description="For torch, vLLM, CTranslate2, FAISS, FlagEmbedding, the JVM with Lucene "
+                    "and Thai segmentation: version, devices, the native libraries it loads, "
+                    "and one record through it on DEVICE with the tiny models (`xling models "
+                    "tiny`). Each failure is printed with its fix; exit status 1 if any.")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="cuda: every GPU engine must use a GPU; auto: cuda where torch sees one")
+    p.add_argument("--only", default=None, metavar="ENGINES",
+                   help="comma-separated: torch,vllm,ctranslate2,faiss,flagembedding,jvm,thai")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per engine")
+    p.add_argument("-v", "--verbose", action="store_true", help="list every loaded library")
     p = sub.add_parser("models", help="model utilities")
     msub = p.add_subparsers(dest="models_command", metavar="WHAT", required=True)
     t = msub.add_parser("tiny", help="build the tiny offline test models (cached)",
@@ -543,6 +556,11 @@ def dispatch(args) -> int:
     if args.command == "results":
         return pipeline.export_results(args.run_root, args.format, args.output,
                                        means=args.means, trec=args.trec)
+    if args.command == "doctor":
+        from xling.doctor import check_engines, doctor
+
+        return doctor(args.device, check_engines(args.only) if args.only else None,
+                      verbose=args.verbose, timeout=args.timeout)
     if args.command == "models" and args.models_command == "convert":
         return pipeline.convert_model(load_config(args.config, args.overrides), args.config,
                                       force=args.force)

@@ -29,6 +29,11 @@ from typing import Union
 
 Prompt = Union[str, list]  # a string, or a list of {"role": ..., "content": ...} messages
 
+# How long a local engine may make no progress before the call waiting on it fails and the
+# engine restarts (core/watchdog.py for LLMs, the translator's own): no engine step or token
+# batch takes minutes, and a hung CUDA call never returns.
+HANG_TIMEOUT_S = 600.0
+
 
 @dataclass(frozen=True)
 class Sampling:

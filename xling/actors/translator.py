@@ -16,10 +16,14 @@ language is translated anyway and the finding is its `lang_flag`.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
+import time
 
 import pyarrow as pa
 
+from xling.actors.llm import HANG_TIMEOUT_S
 from xling.actors.segments import (
     Piece,
     decode_limit,
@@ -44,6 +48,33 @@ PASS_THROUGH = ("_rid", "_cell", "_shard")
 WRONG_LANGUAGE = "wrong language"
 
 
+class EngineHung(Exception):
+    pass
+
+
+def cuda_or_cpu(device: str) -> str:
+    """The device a translator runs on, checked before any work: `cuda`, or `auto` in an
+    actor that Ray gave a GPU, needs CTranslate2 to see a device and CUDA 12 cuBLAS to load
+    (actors/cuda.py); otherwise this raises, never falling back to the CPU. `auto` elsewhere
+    is cuda where CTranslate2 sees a device, else cpu."""
+    import ctranslate2
+
+    from xling.actors.cuda import no_cuda_device, preload_cublas12, ray_gpus
+
+    n = ctranslate2.get_cuda_device_count()
+    gpus = ray_gpus()
+    if device == "auto":
+        device = "cuda" if n > 0 or gpus else "cpu"
+    if device == "cuda":
+        if n == 0:
+            given = f"Ray gave this actor GPU {gpus}, " if gpus else ""
+            raise RuntimeError(no_cuda_device(
+                f"CTranslate2 {ctranslate2.__version__}",
+                f"{given}ctranslate2.get_cuda_device_count() is 0"))
+        preload_cublas12()
+    return device
+
+
 class Translator:
     """One NLLB model for every cell of a pipeline.
 
@@ -62,17 +93,19 @@ class Translator:
                  no_repeat_ngram_size: int = 0, lang_check: str = "error",
                  lang_checks: list[str] | None = None,
                  lingua_names: list[str] = (), lingua_expected: dict[str, str] | None = None,
-                 lang_check_confidence: float = 0.9, lang_check_min_chars: int = 100):
+                 lang_check_confidence: float = 0.9, lang_check_min_chars: int = 100,
+                 hang_timeout_s: float = HANG_TIMEOUT_S):
         import ctranslate2
         from tokenizers import Tokenizer
 
         from xling.tasks.text import fingerprint, sentences
 
-        if device == "auto":
-            device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
-        self.engine = ctranslate2.Translator(model_dir, device=device, compute_type=compute_type,
-                                             inter_threads=inter_threads,
-                                             intra_threads=intra_threads)
+        device = cuda_or_cpu(device)
+        self.load = functools.partial(ctranslate2.Translator, model_dir, device=device,
+                                      compute_type=compute_type, inter_threads=inter_threads,
+                                      intra_threads=intra_threads)
+        self.engine = self.load()
+        self.hang_s, self.restarts = hang_timeout_s, 0
         self.tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
         self.segment, self.segmenter = sentences, fingerprint()
         self.model_name, self.device = model_name, device
@@ -142,7 +175,13 @@ class Translator:
                 errors[r] = f"segmentation failed: {type(e).__name__}: {e}"
                 continue
             pieces += [(r, p) for p in docs[r][1]]
-        texts, n_out, truncated = self._translate(pieces, cols["_cell"])
+        try:
+            texts, n_out, truncated = self._translate(pieces, cols["_cell"])
+        except EngineHung as e:  # every row that reached the engine fails; the rest stand
+            self._restart()
+            for r in {r for r, _ in pieces}:
+                errors[r], docs[r] = str(e), None
+            pieces, texts, n_out, truncated = [], [], [], []
         by_row: dict[int, list[int]] = {}
         for k, (r, _) in enumerate(pieces):
             by_row.setdefault(r, []).append(k)
@@ -196,6 +235,7 @@ class Translator:
                 beam_size=self.beam_size, max_batch_size=0, max_input_length=0,
                 max_decoding_length=limit + 1, return_end_token=True, **self.options)
             jobs.append((idx, results))
+        self._wait([r for _, results in jobs for r in results])
         texts, n_out, truncated = [""] * len(pieces), [0] * len(pieces), [False] * len(pieces)
         for idx, results in jobs:
             for i, res in zip(idx, results):
@@ -209,6 +249,33 @@ class Translator:
                 texts[i] = self.tokenizer.decode([t for t in ids if t is not None],
                                                  skip_special_tokens=True)
         return texts, n_out, truncated
+
+    def _wait(self, results: list) -> None:
+        """Until every async result is in; EngineHung when none came for `hang_s` (a CUDA
+        call that never returns stalls its replica, and the batch would wait forever)."""
+        pending, last, pause = list(results), time.monotonic(), 0.001
+        while pending:
+            left = [r for r in pending if not r.done()]
+            if len(left) < len(pending):
+                last, pause = time.monotonic(), 0.001
+            elif time.monotonic() - last > self.hang_s:
+                raise EngineHung(
+                    f"translation engine hung: no progress for {self.hang_s:g} s "
+                    "(translate.hang_timeout_s); this batch's rows failed and the engine was "
+                    "restarted. Rerun to retry them; if it recurs, lower max_batch_tokens")
+            pending = left
+            if pending:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+
+    def _restart(self) -> None:
+        """A new engine for the next batches; the hung one is unloaded on a side thread
+        (its stuck call may never return)."""
+        hung, self.engine = self.engine, None
+        threading.Thread(target=hung.unload_model, name="xling-unload-hung-ct2",
+                         daemon=True).start()
+        self.engine = self.load()
+        self.restarts += 1
 
     def _assemble(self, structure: list[int], pieces: list[Piece], texts: list[str],
                   n_out: list[int], truncated: list[bool], tgt_code: str) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from xling.core.config import Parallelism
+from xling.core.config import ConfigError, Parallelism
 
 # CPUs of a task that only reads, reshapes or writes Arrow tables around a pool. Ray Data
 # defaults a task to one CPU, and Ray does not start it until a whole CPU is free: beside a
@@ -33,6 +33,12 @@ def actor_pool(p: Parallelism, *, key: str, log=print, calls_per_actor: int | No
     if p.num_cpus:
         limits.append(math.floor((total.get("CPU", 0) - 1) / p.num_cpus))  # one CPU for reads
     if p.num_gpus:
+        if total.get("GPU", 0) < p.num_gpus:
+            # Ray would wait for the GPU forever, without an error.
+            raise ConfigError(f"{key}.num_gpus={p.num_gpus:g} but the Ray cluster has "
+                              f"{total.get('GPU', 0):g} GPUs, so no actor could start; run on "
+                              f"a cluster with GPUs (`xling doctor --device cuda` checks a "
+                              f"node) or set {key}.num_gpus: 0")
         limits.append(math.floor(total.get("GPU", 0) / p.num_gpus))
     fits = max(1, min(limits)) if limits else lo
     if lo > fits:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
 
+from xling.actors.llm import HANG_TIMEOUT_S
 from xling.actors.translator import Translator
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.models import fetch_ct2_model, is_ct2_dir, prepare_ct2_model, resolve_model
@@ -106,6 +107,9 @@ class TranslateConfig(Strict):
     inter_threads: int = NoHash(1, ge=1, description="CTranslate2 replicas per actor")
     intra_threads: int = NoHash(0, ge=0, description="threads per replica (0: CT2 default)")
     max_batch_tokens: int = NoHash(4096, ge=16, description="padded tokens per engine batch")
+    hang_timeout_s: float = NoHash(HANG_TIMEOUT_S, gt=0, description=(
+        "watchdog: a batch during which CTranslate2 finishes no token batch for this long "
+        "becomes error rows, and the actor loads the model again"))
     shards: int = NoHash(16, ge=1, le=100_000, description="deterministic shards per cell")
     parallel: Parallelism = NoHash(Parallelism(batch_size=128, num_cpus=1.0))
     documents: list[TranslateCorpus] = []
@@ -118,6 +122,15 @@ class TranslateConfig(Strict):
         if v not in allowed:
             raise ValueError(f"compute_type must be one of {', '.join(allowed)}")
         return v
+
+    @model_validator(mode="after")
+    def _gpu_for_cuda(self) -> "TranslateConfig":
+        # Ray hides the GPUs from an actor that reserved none: it could only fail.
+        if self.device == "cuda" and not self.parallel.num_gpus:
+            raise ValueError("device: cuda needs a GPU per translator actor: set "
+                             "translate.parallel.num_gpus (1, or 0.5 to share one), or "
+                             "device: auto / cpu")
+        return self
 
     @model_validator(mode="after")
     def _pairs(self) -> "TranslateConfig":
@@ -232,7 +245,7 @@ class TranslateStage(Stage):
             repetition_penalty=tc.repetition_penalty,
             no_repeat_ngram_size=tc.no_repeat_ngram_size, lang_check=tc.lang_check,
             lang_checks=[c.params["source"].get("lang_check") or tc.lang_check for c in cells],
-            lingua_names=lingua,
+            lingua_names=lingua, hang_timeout_s=tc.hang_timeout_s,
             lingua_expected={src: lingua_language(src) for src, *_ in directions
                              if lingua_language(src)})
         return ds.map_batches(StoreTranslator, fn_constructor_kwargs=kwargs,

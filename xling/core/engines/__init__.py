@@ -42,6 +42,14 @@ def spec_classes() -> dict[str, type[EngineSpec]]:
 
 
 def make_engine(spec: dict) -> LLMEngine:
-    """An engine from plain data: {"backend": <name>, **the Spec's engine_args()}."""
+    """An engine from plain data: {"backend": <name>, **the Spec's engine_args()}. With
+    `hang_timeout_s` in it, the engine runs under a watchdog (core/watchdog.py) that fails a
+    call whose engine stops making progress and restarts the engine."""
     spec = dict(spec)
-    return spec_class(spec.pop("backend")).ENGINE(**spec)
+    engine = spec_class(spec.pop("backend")).ENGINE
+    hang_s = spec.pop("hang_timeout_s", None)
+    if hang_s is None:
+        return engine(**spec)
+    from xling.core.watchdog import Watchdog
+
+    return Watchdog(lambda: engine(**spec), hang_s)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import queue
 import re
@@ -23,6 +24,7 @@ from typing import Any, Literal
 from pydantic import Field, computed_field
 
 from xling.actors.llm import (
+    HANG_TIMEOUT_S,
     Completion,
     LLMEngine,
     Prompt,
@@ -34,6 +36,8 @@ from xling.actors.llm import (
 from xling.core.config import ConfigError, NoHash
 from xling.core.engines.base import EngineSpec
 from xling.core.models import resolve_model
+
+log = logging.getLogger(__name__)
 
 def _vllm_log_level() -> None:
     """vLLM's loggers at XLING_LOG_LEVEL (the driver puts it in the workers' environment;
@@ -67,7 +71,15 @@ class _Driver:
         self.waiting: dict[str, Future] = {}
         self.ids = itertools.count()
         self.dead: BaseException | None = None
+        self.stepped = time.monotonic()  # when the engine last made progress (the watchdog's)
         threading.Thread(target=self._run, name="xling-vllm-driver", daemon=True).start()
+
+    def stop(self, error: BaseException) -> None:
+        """The engine is unusable: the requests in flight and every later one fail."""
+        self.dead = error
+        for future in self.waiting.values():
+            _finish(future, error=error)
+        self.waiting.clear()
 
     def submit(self, inputs: list[dict], params: list) -> list[Future]:
         futures = [Future() for _ in inputs]
@@ -100,20 +112,22 @@ class _Driver:
                 pass
             if not self.waiting:
                 continue
+            if not busy:
+                self.stepped = time.monotonic()  # idle until now: no step was owed
             try:
                 outputs = self.engine.step()
             except BaseException as e:
-                self.dead = e
-                for future in self.waiting.values():
-                    _finish(future, error=e)
-                self.waiting.clear()
+                self.stop(e)
                 continue
+            self.stepped = time.monotonic()
             for out in outputs:
                 if out.finished:
                     _finish(self.waiting.pop(out.request_id), out)
 
 
 def _finish(future: Future, result=None, error: BaseException | None = None) -> None:
+    if future.done():  # cancelled: its caller gave up (the watchdog, core/watchdog.py)
+        return
     future.done_at = time.perf_counter()  # the request's own latency, not its batch's
     if error is not None:
         future.set_exception(error)
@@ -166,6 +180,19 @@ class VLLMEngine(LLMEngine):
         self.tokenizer = copy.deepcopy(self.llm.get_tokenizer())
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.driver = _Driver(self.llm.llm_engine)
+
+    def progress(self) -> float:
+        """When the engine last finished a step (or was last idle): core/watchdog.py."""
+        return self.driver.stepped
+
+    def close(self) -> None:
+        """Release a hung engine: its requests fail, its engine core stops (with vLLM's
+        default multiprocessing on GPU a process of its own, which frees its GPU memory)."""
+        self.driver.stop(RuntimeError("the engine was closed"))
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        except Exception as e:  # noqa: BLE001 - best effort on an engine already broken
+            log.warning("closing the vLLM engine: %s: %s", type(e).__name__, e)
 
     def settings(self) -> dict:
         return {"backend": "vllm", "chat": self.chat, "max_model_len": self.max_model_len,
@@ -306,6 +333,10 @@ class VLLMSpec(EngineSpec):
     tensor_parallel_size: int = NoHash(1, ge=1, description="GPUs per model replica")
     gpu_memory_utilization: float = NoHash(0.9, gt=0, le=1)
     enforce_eager: bool = NoHash(False, description="no CUDA graphs / torch.compile")
+    hang_timeout_s: float = NoHash(
+        HANG_TIMEOUT_S, gt=0, description="watchdog: when the engine makes no progress (no "
+        "step ends) for this long, the batches waiting on it become error rows and the engine "
+        "is restarted (core/watchdog.py)")
 
     ENGINE = VLLMEngine
     CONTINUES_PROMPT = True
@@ -326,7 +357,7 @@ class VLLMSpec(EngineSpec):
                     tensor_parallel_size=self.tensor_parallel_size,
                     gpu_memory_utilization=self.gpu_memory_utilization, dtype=self.dtype,
                     too_long=self.too_long, enforce_eager=self.enforce_eager,
-                    engine_kwargs=self.engine_kwargs)
+                    engine_kwargs=self.engine_kwargs, hang_timeout_s=self.hang_timeout_s)
 
     def check(self, key: str, log=print) -> None:
         path = resolve_model(self.model, key=f"{key}.model")  # tiny: not built -> ConfigError
