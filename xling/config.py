@@ -136,6 +136,8 @@ class XlingConfig(Strict):
             if col is None:
                 raise ValueError(f"{where}: unknown collection '{run.collection}'; "
                                  f"index.collections has {sorted(cols)}")
+            if run.trec is not None:  # imported: the collection names its documents only
+                continue
             if run.engine not in self.index.engines:
                 raise ValueError(f"{where}: engine '{run.engine}' is not built; add it to "
                                  f"index.engines (now {self.index.engines})")

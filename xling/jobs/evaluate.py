@@ -148,7 +148,7 @@ def _qrels_path(template: str, qlang: str, doc_lang: str) -> str:
 
 
 def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
-    from xling.jobs.retrieve import fusion_cells, run_cells
+    from xling.jobs.retrieve import first_stage_cells, fusion_cells
 
     if cfg.retrieve is None and cfg.study is None:
         raise ConfigError("evaluate scores the retrieve stage's runs or a study's generations: "
@@ -163,7 +163,7 @@ def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
     if cfg.evaluate.tables:
         table_pairs(cfg)  # a table naming a pair no topic set searches fails here, early
     groups: dict[tuple, dict[str, str]] = {}
-    for c in [*run_cells(cfg), *fusion_cells(cfg)]:
+    for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]:
         groups.setdefault((c.key["topics"], c.key["qlang"], c.key["doc_lang"]), {})[
             c.key["run"]] = c.id
     ec = cfg.evaluate
@@ -236,7 +236,7 @@ def _collection_ids(cfg: XlingConfig, store: RunStore, cell: Cell) -> set[str] |
     ids: set[str] = set()
     for rc in run_cells(cfg):
         if rc.id in cell.params["systems"].values():
-            for index_id in rc.params["indexes"].values():
+            for index_id in rc.params["indexes"].values():  # searches, not imports
                 try:
                     t = read_cell(store, f"index/{index_id}", columns=["doc_id"])
                 except FileNotFoundError:
@@ -253,7 +253,7 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
     ec = cfg.evaluate
     expected = read_expected(ec.expected)  # a bad file fails before any work
     ts = next(t for t in cfg.retrieve.topics if t.name == cell.key["topics"])
-    run_modes = {r.name: r.mode for r in cfg.retrieve.runs}
+    run_modes = {r.name: "imported" if r.trec else r.mode for r in cfg.retrieve.runs}
     qrels = _read_qrels(cell.params["qrels"])
     runs: dict[str, pa.Table] = {}
     for system, cell_id in cell.params["systems"].items():
