@@ -312,7 +312,8 @@ def _collections(cfg: XlingConfig, up: Cell) -> list[str]:
         names = up.params["fusion"]["runs"]
     else:
         names = [up.key["run"]]
-    return sorted({r.collection for r in cfg.retrieve.runs if r.name in names})
+    return sorted({r.collection_for(up.key["doc_lang"]) for r in cfg.retrieve.runs
+                   if r.name in names})
 
 
 class RerankStage(Stage):
@@ -467,8 +468,8 @@ def _retrieve_sources(cfg: XlingConfig, cell: Cell, texts: str = "index"):
     if texts == "index":
         index_ids = {i for leaf in leaves for i in leaf.params.get("indexes", {}).values()}
         docs = [IndexStage().read(_index_cell(cfg, i), cfg) for i in sorted(index_ids)]
-        imported = sorted({leaf.params["run"]["collection"] for leaf in leaves
-                           if "trec" in leaf.params})
+        imported = sorted({leaf.params["run"]["collection"].replace("{doc_lang}", dl)
+                           for leaf in leaves if "trec" in leaf.params})
         docs += [text_documents(cfg, col, dl, dl) for col in imported]
     else:
         text_lang = dl if texts == "og" else ql

@@ -86,7 +86,9 @@ class RunSpec(Strict):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     engine: Literal["bm25", "dense"] = "bm25"
-    collection: str = Field(description="an index.collections name")
+    collection: str = Field(description="an index.collections name; `{doc_lang}` is replaced "
+                                        "by each document language (CLEF: one collection per "
+                                        "language, clef03-{doc_lang})")
     mode: Literal[MODES] = "og"  # type: ignore[valid-type]
     topics: list[str] | None = Field(None, description="the topic sets it searches (default: all)")
     k1: float = Field(0.9, gt=0, description="BM25 k1 (LLM-CLIR uses 0.9)")
@@ -102,6 +104,11 @@ class RunSpec(Strict):
                     "E5, ...), `{lang}` and `{doc_lang}` replaced per pair; it is evaluated "
                     "(with its oracle), fused and reranked as a run of this stage; `collection` "
                     "names the documents it ranked (the rerank texts)")
+
+
+    def collection_for(self, doc_lang: str) -> str:
+        """The index.collections name searched for one document language."""
+        return self.collection.replace("{doc_lang}", doc_lang)
 
 
 class FusionSpec(Strict):
@@ -198,9 +205,10 @@ def run_cells(cfg: XlingConfig) -> list[Cell]:
             for run in rc.runs:
                 if run.topics is not None and ts.name not in run.topics or run.trec:
                     continue
-                col = next(c for c in cfg.index.collections if c.name == run.collection)
                 bordir = run.mode not in ("og", "qt", "dt")
                 for dl in ([MULTI] if bordir else ts.doc_langs):
+                    col = next(c for c in cfg.index.collections
+                               if c.name == run.collection_for(dl))
                     where = f"retrieve.topics[{ti}]"
                     if bordir:
                         indexes = {l: find_index(cfg, col.name, l, l, run.engine).id
@@ -564,16 +572,18 @@ class ImportStage(Stage):
         return import_cells(cfg)
 
     def read(self, cell: Cell, cfg: XlingConfig):
+        import io
+
         import ray.data
 
-        from xling.jobs.rerank import _open_text
+        from xling.core.sources import _open
         from xling.tasks.runs import read_trec_run
 
         ts = _topics(cfg, cell.key["topics"])
         ql = cell.key["qlang"]
         wanted = {r["query_id"] for r in read_queries(ts, ql, cell.inputs[1:]).take_all()}
-        with _open_text(cell.params["trec"]) as f:
-            hits = read_trec_run(f)
+        with _open(cell.params["trec"]) as f:  # local or s3://
+            hits = read_trec_run(io.BytesIO(f.read()))
         # the pair's queries only: one file may hold the runs of every pair
         hits = hits.filter(pc.is_in(hits["query_id"], pa.array(sorted(wanted), pa.string())))
         if hits.num_rows == 0:

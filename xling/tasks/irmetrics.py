@@ -444,15 +444,18 @@ class RunTable:
     significant: dict[str, dict[str, bool]]
     first_stage: dict[str, str]
 
-    def rows(self) -> list[dict]:
-        """`pairs_table` rows: first stages, then each first stage's rerankers."""
+    def rows(self, order: list[str] = ()) -> list[dict]:
+        """`pairs_table` rows: first stages, then each first stage's rerankers; systems named
+        in `order` (a paper's row order) first, in that order."""
         inputs = self.first_stage
+        at = {name: i for i, name in enumerate(dict.fromkeys(order))}
         order = sorted(self.values.items(),
-                       key=lambda kv: (kv[0] in inputs, inputs.get(kv[0], ""), kv[0]))
+                       key=lambda kv: (at.get(kv[0], len(at)), kv[0] in inputs,
+                                       inputs.get(kv[0], ""), kv[0]))
         return [{"label": system, "values": values, "sig": self.significant.get(system, {}),
                  "section": (f"Reranking (retriever: {inputs[system]})" if system in inputs
                              else "First-stage retrieval")}
                 for system, values in order]
 
-    def markdown(self) -> str:
-        return pairs_table(self.rows(), self.pairs, title=f"{self.topics}: {self.metric}")
+    def markdown(self, order: list[str] = ()) -> str:
+        return pairs_table(self.rows(order), self.pairs, title=f"{self.topics}: {self.metric}")
