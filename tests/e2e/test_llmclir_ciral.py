@@ -5,7 +5,9 @@ parallelism swapped for small ones; its runs, fusions, rerank runs and evaluate 
 are the shipped ones. RankZephyr and Llama are the tiny vLLM chat model (one engine for
 both, loaded once: same model and settings); RankGPT-3.5/4.1 are OpenAI-compatible models
 served on 127.0.0.1 (tests/llm_server.py), answering each window with its passages
-reversed, so those reranked runs differ from their first stages.
+reversed, so those reranked runs differ from their first stages. (BM25-DT over the tiny
+model's translations finds nothing for the English queries: its rerankers' rows are the
+error rows "no hits", counted, and score 0.)
 
 It shows (issue 49): one tables.md with every reranker of the run root, the rerank of an
 imported first stage (NV-Embed-v2) with its `*` and PRI row, and the hybrid of an imported
@@ -114,8 +116,12 @@ def test_the_shipped_ciral_config_with_tiny_models(tmp_path, tiny_models):
         out = ok("run", "--config", str(tmp_path / "ciral.yaml"), env=env)
         assert server.calls["gpt-3.5-turbo"] and server.calls["gpt-4.1"]
     store = RunStore(cfg["run_root"])
-    # RankZephyr and Llama are one tiny engine here: loaded once for all their runs
-    assert "tiny:llama_chat" in out
+    # RankZephyr and Llama are one tiny engine here, loaded once for all their 12 runs
+    [run_id] = store.list_dirs("_runs")
+    plan = store.read_json(f"_runs/{run_id}/plan.json")
+    assert [(e["model"], e["stages"]) for e in plan["engines"] if "rerank" in e["stages"]] == [
+        ("tiny:llama_chat", ["rerank"])]
+    assert "[rerank] committed 22 cell(s)" in out
     md = store.read_bytes("evaluate/tables.md").decode()
     test_a = md.split("### test-a: ndcg_cut_20")[1].split("###")[0]
     rows = {l.split("|")[1].strip(): l for l in test_a.splitlines() if l.startswith("| ")}

@@ -52,8 +52,9 @@ def paper_beside(table: RunTable, paper_tables: Mapping) -> list[str]:
     """Each of the paper's tables for this topic set and measure, its rows under xling's
     systems of the same name (a row's `system:`), with Δ AVG."""
     out = []
+    shown = _printed(table, paper_tables)
     for name, printed in paper_tables.items():
-        if not any(printed is p for p in _printed(table, paper_tables)):
+        if not any(printed is p for p in shown):
             continue
         columns = [c for c in printed["columns"] if c != "AVG"]
         rows = []
