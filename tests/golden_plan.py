@@ -49,6 +49,21 @@ def _s3_standin(value: str) -> str:
     return local
 
 
+def _env_standin(value: str) -> str:
+    """`${NAME}/...` (licensed data, imported runs: configs/retrieve-clef2003.yaml) -> empty
+    files under a fixed folder, every {lang} x {doc_lang} of them."""
+    import itertools
+    import re
+
+    local = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", rf"{S3_STANDIN}/env/\1", value)
+    for lang, doc_lang in itertools.product(_LANGS, repeat=2):
+        path = Path(local.replace("{lang}", lang).replace("{doc_lang}", doc_lang)
+                    .replace("*", "x"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    return local
+
+
 def _local(node):
     if isinstance(node, dict):
         return {k: _local(v) for k, v in node.items()}
@@ -59,6 +74,8 @@ def _local(node):
             return _STANDINS[node]
         if node.startswith("s3://my-bucket/"):
             return _s3_standin(node)
+        if "${" in node:
+            return _env_standin(node)
     return node
 
 

@@ -320,8 +320,8 @@ STAGES: dict[str, tuple[str, str, str]] = {
         "of an actor batch advance together, so every LLM call is a full batch. Output: hits "
         "rows with the LLM's order, per-query call / malformed-output counts, and a TREC run "
         "file per cell.",
-        "example:\n  xling rerank --config configs/retrieve-ciral.yaml "
-        "rerank.model.model=castorini/rank_zephyr_7b_v1_full\n"),
+        "example:\n  CIRAL_RUNS=/data/ciral-runs xling rerank --config "
+        "configs/retrieve-ciral.yaml rerank.runs.0.doc_tokens=256\n"),
     "generate": (
         "prompt rows through vLLM / API models -> generations rows (cached)",
         "Run every prompt set through every model: the files under generate.prompts, and "

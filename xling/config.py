@@ -134,11 +134,15 @@ class XlingConfig(Strict):
         cols = {c.name: c for c in self.index.collections}
         for i, run in enumerate(r.runs):
             where = f"retrieve.runs[{i}] ('{run.name}')"
+            per_lang = "{doc_lang}" in run.collection
+            if per_lang and run.mode not in ("og", "qt", "dt"):
+                raise ValueError(f"{where}: a collection per document language "
+                                 f"('{run.collection}') needs mode og, qt or dt")
             col = cols.get(run.collection)
-            if col is None:
+            if col is None and not per_lang:
                 raise ValueError(f"{where}: unknown collection '{run.collection}'; "
                                  f"index.collections has {sorted(cols)}")
-            if run.engine not in self.index.engines:
+            if run.engine not in self.index.engines and run.trec is None:
                 raise ValueError(f"{where}: engine '{run.engine}' is not built; add it to "
                                  f"index.engines (now {self.index.engines})")
             if run.mode not in ("og", "qt", "dt"):
@@ -148,9 +152,17 @@ class XlingConfig(Strict):
                     continue
                 for ql in ts.langs:
                     for dl in ts.doc_langs:
+                        col = cols.get(run.collection_for(dl))
+                        if col is None:
+                            raise ValueError(
+                                f"{where}: topics '{ts.name}' search {dl} documents, and "
+                                f"collection '{run.collection_for(dl)}' is not in "
+                                f"index.collections ({sorted(cols)})")
                         if dl not in col.langs:
                             raise ValueError(f"{where}: topics '{ts.name}' search {dl} documents "
                                              f"but collection '{col.name}' has langs {col.langs}")
+                        if run.trec is not None:  # imported: the collection names its texts
+                            continue
                         if run.mode in ("og", "qt") and not col.original:
                             raise ValueError(f"{where}: mode {run.mode} searches the original "
                                              f"documents; set original: true on '{col.name}'")

@@ -366,11 +366,12 @@ evaluate:
     assert store.read_json(f"evaluate/{ecell}/_manifest.json")["unknown_doc_ids"] == {"ext": 2}
 
 
-def test_ciral_study_config_and_expected_numbers():
+def test_ciral_study_config_and_expected_numbers(monkeypatch, tmp_path):
     import yaml
 
     from xling.config import load_config
 
+    monkeypatch.setenv("CIRAL_RUNS", str(tmp_path))  # the imported runs' folder
     cfg = load_config(ROOT / "configs" / "retrieve-ciral.yaml")
     expected = yaml.safe_load((ROOT / "configs" / "retrieve-ciral.expected.yaml").read_text())
     runs = {r.name: r for r in cfg.retrieve.runs}

@@ -200,6 +200,7 @@ def test_expected_file_beside_the_config_is_the_default(tmp_path, monkeypatch):
     other = tmp_path / "other.yaml"
     other.write_text(text)
     assert load_config(other, ["evaluate.expected=/x.yaml"]).evaluate.expected == "/x.yaml"
-    # the ciral config names its own, the same file
+    # the ciral config names its own, the same file (its imported runs read $CIRAL_RUNS)
+    monkeypatch.setenv("CIRAL_RUNS", str(tmp_path))
     ciral = load_config(ROOT / "configs" / "retrieve-ciral.yaml")
     assert Path(ciral.evaluate.expected).name == "retrieve-ciral.expected.yaml"

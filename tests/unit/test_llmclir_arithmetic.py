@@ -14,7 +14,7 @@ from xling.studies.llmclir import metrics as llmclir
 from xling.tasks import irmetrics
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ["retrieve-ciral.expected.yaml", "translate-clef2003.expected.yaml"]
+FILES = ["retrieve-ciral.expected.yaml", "retrieve-clef2003.expected.yaml"]
 
 
 def paper(name: str) -> dict:

@@ -1,5 +1,5 @@
 """The LLM-CLIR study's tables, fed the paper's own CLEF 2003 numbers (Table 2, MAP,
-configs/translate-clef2003.expected.yaml): PRI and Realized % on the AVG column come out as
+configs/retrieve-clef2003.expected.yaml): PRI and Realized % on the AVG column come out as
 the paper prints them (llm-clir.txt L255-257: 0.263 and 45.6 %), the paper's rows sit
 beside xling's under the same system name, and a config's settings are shown beside the
 paper's, marked where they differ. No Ray: the tables are pure."""
@@ -16,7 +16,7 @@ from xling.studies.registry import get_study
 from xling.tasks.irmetrics import RunTable
 
 ROOT = Path(__file__).resolve().parents[2]
-PAPER = yaml.safe_load((ROOT / "configs" / "translate-clef2003.expected.yaml").read_text())
+PAPER = yaml.safe_load((ROOT / "configs" / "retrieve-clef2003.expected.yaml").read_text())
 
 
 def _row(table: dict, label: str) -> dict[str, float]:
@@ -150,7 +150,7 @@ def test_the_clef_table_has_the_papers_nine_pairs_avg_stars_pri_and_published_nu
     [table] = pair_tables(clef_cells(), table_pairs(cfg), ["map"])
     assert table.pairs == ["EN-FI", "EN-IT", "EN-RU", "EN-DE", "DE-FI", "DE-IT", "DE-RU",
                            "FI-IT", "FI-RU"]  # the paper's columns, in its order; no FI-DE
-    expected = read_expected(str(ROOT / "configs" / "translate-clef2003.expected.yaml"))
+    expected = read_expected(str(ROOT / "configs" / "retrieve-clef2003.expected.yaml"))
     # a CLEF config names its runs in the rows it reproduces (`system:`)
     systems = {"(1e) NV-Embed-v2": "nv", "(1f) NV-Embed-v2 (oracle)": "nv+oracle",
                "(3f) RankGPT_{4.1} (DT)": "rankgpt-dt"}

@@ -17,6 +17,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -185,7 +187,45 @@ def read_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()
         keys, value = parse_override(text)
         _apply(data, keys, value, text)
         given[".".join(keys)] = text
+    expand_env(data, str(path))
     return data, given
+
+
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_env(data: Any, source: str = "<config>") -> Any:
+    """`${NAME}` in a config's strings -> the environment variable NAME, in place (after the
+    overrides, so a key given on the command line needs no variable). Licensed data (CLEF)
+    and files made elsewhere are named this way: a variable that is not set is one
+    ConfigError naming it and the keys that read it, before any work."""
+    missing: dict[str, list[str]] = {}
+
+    def walk(node: Any, where: str) -> Any:
+        if isinstance(node, dict):
+            for k in node:
+                node[k] = walk(node[k], f"{where}.{k}" if where else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                node[i] = walk(v, f"{where}.{i}")  # the override syntax
+        elif isinstance(node, str) and "${" in node:
+            for name in ENV_REF.findall(node):
+                if not os.environ.get(name):
+                    missing.setdefault(name, []).append(where)
+            return ENV_REF.sub(lambda m: os.environ.get(m.group(1)) or m.group(0), node)
+        return node
+
+    walk(data, "")
+    if missing:
+        name, keys = next(iter(missing.items()))
+        others = [n for n in missing if n != name]
+        raise ConfigError(
+            f"{source}: environment variable {name}"
+            + (f" (and {', '.join(others)})" if others else "") + f" is not set, and {keys[0]}"
+            + (f" and {len(keys) - 1} other key(s)" if len(keys) > 1 else "")
+            + f" read it: export {name}=<path> (see the config's comments), or give the key "
+              f"on the command line ({keys[0]}=<value>)")
+    return data
 
 
 def validate(root: type[BaseModel], data: dict, source: str = "<config>",

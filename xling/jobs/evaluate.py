@@ -18,7 +18,9 @@ that `pandas.read_parquet(cell_dir)` reads exactly the metrics rows.
 
 The rerank stage's runs over a retrieve run are systems of the same cell, each compared with
 its first stage (the paper's `*`: paired t-test, p < 0.05). After the cells, `tables.md`
-(in the evaluate directory) has the LLM-CLIR Tables 2-7 shape per topic set and metric:
+(in the evaluate directory, one per run root: every evaluate cell of the run root whose
+pair the config's tables show, so configs that share a run root add their systems to one
+table) has the LLM-CLIR Tables 2-7 shape per topic set and metric:
 rows are systems, columns are language pairs plus AVG, PRI and Realized % computed on the
 AVG column (llm-clir.txt L249-257), and, with `evaluate.expected`, the paper's numbers
 beside xling's.
@@ -149,7 +151,7 @@ def _qrels_path(template: str, qlang: str, doc_lang: str) -> str:
 
 
 def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
-    from xling.jobs.retrieve import fusion_cells, run_cells
+    from xling.jobs.retrieve import first_stage_cells, fusion_cells
 
     if cfg.retrieve is None and cfg.study is None:
         raise ConfigError("evaluate scores the retrieve stage's runs or a study's generations: "
@@ -164,7 +166,7 @@ def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
     if cfg.evaluate.tables:
         table_pairs(cfg)  # a table naming a pair no topic set searches fails here, early
     groups: dict[tuple, dict[str, str]] = {}
-    for c in [*run_cells(cfg), *fusion_cells(cfg)]:
+    for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]:
         groups.setdefault((c.key["topics"], c.key["qlang"], c.key["doc_lang"]), {})[
             c.key["run"]] = c.id
     ec = cfg.evaluate
@@ -237,7 +239,7 @@ def _collection_ids(cfg: XlingConfig, store: RunStore, cell: Cell) -> set[str] |
     ids: set[str] = set()
     for rc in run_cells(cfg):
         if rc.id in cell.params["systems"].values():
-            for index_id in rc.params["indexes"].values():
+            for index_id in rc.params["indexes"].values():  # searches, not imports
                 try:
                     t = read_cell(store, f"index/{index_id}", columns=["doc_id"])
                 except FileNotFoundError:
@@ -254,7 +256,7 @@ def evaluate_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -
     ec = cfg.evaluate
     expected = read_expected(ec.expected)  # a bad file fails before any work
     ts = next(t for t in cfg.retrieve.topics if t.name == cell.key["topics"])
-    run_modes = {r.name: r.mode for r in cfg.retrieve.runs}
+    run_modes = {r.name: "imported" if r.trec else r.mode for r in cfg.retrieve.runs}
     qrels = _read_qrels(cell.params["qrels"])
     runs: dict[str, pa.Table] = {}
     for system, cell_id in cell.params["systems"].items():
@@ -460,17 +462,28 @@ def markdown_table(cell: Cell, metrics: list[str], means: dict, comparisons: lis
 
 def run_tables(cfg: XlingConfig, store: RunStore) -> list:
     """Every table of tables.md and measure as an `irmetrics.RunTable` (systems x language
-    pairs), read from the finished evaluate cells' stored rows, so cells skipped as done
-    count."""
-    rows = []
-    for c in evaluate_cells(cfg):
-        if "study" in c.key or not store.read_json_or_none(f"{c.dir}/_manifest.json"):
+    pairs), read from the stored rows of every finished evaluate cell of the run root, so
+    that the table holds every first stage and reranker the run root has evaluated (other
+    configs' cells of the same pairs too, and cells skipped as done). Where two cells score
+    a system of one pair, this config's cell wins, then the later in name order."""
+    pairs = table_pairs(cfg)
+    wanted = {cell for cells in pairs.values() for cell in cells}
+    mine = {c.dir for c in evaluate_cells(cfg) if "study" not in c.key}
+    found = []
+    for name in store.list_dirs("evaluate"):
+        manifest = store.read_json_or_none(f"evaluate/{name}/_manifest.json")
+        if not manifest or "study" in manifest["key"] or not manifest.get("files"):
             continue
-        t = store.read_parquet([f"{c.dir}/part-00000.parquet"])
+        key = manifest["key"]
+        if (key.get("topics"), key.get("qlang"), key.get("doc_lang")) in wanted:
+            found.append((f"evaluate/{name}" in mine, name, manifest))
+    rows = []
+    for _, name, manifest in sorted(found, key=lambda f: f[:2]):
+        t = store.read_parquet([f"evaluate/{name}/{f}" for f in manifest["files"]])
         t = t.filter(pc.is_null(t["query_id"]))
-        rows += [{**r, "key": c.key, "reranked": c.params.get("reranked", {})}
-                 for r in t.to_pylist()]
-    return pair_tables(rows, table_pairs(cfg), cfg.evaluate.metrics)
+        rows += [{**r, "key": manifest["key"],
+                  "reranked": manifest["params"].get("reranked", {})} for r in t.to_pylist()]
+    return pair_tables(rows, pairs, cfg.evaluate.metrics)
 
 
 def table_pairs(cfg: XlingConfig) -> dict[str, list[tuple[str, str, str]]]:

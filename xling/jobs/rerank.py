@@ -73,7 +73,12 @@ class RerankRun(Strict):
     `input`, or a TREC run file (`trec`, with `topics` and `corpus` for the texts)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    input: str | None = Field(None, description="a retrieve.runs or retrieve.fusion name")
+    model: str | None = Field(
+        None, json_schema_extra={"hash": "if_set"},
+        description="the rerank.models entry (its `name`, or its `model`) that reranks; "
+                    "needed when rerank.models has several")
+    input: str | None = Field(None, description="a retrieve.runs (native or imported with "
+                                                "`trec:`) or retrieve.fusion name")
     trec: str | None = Field(None, description="a TREC run file made elsewhere")
     topics: TopicSpec | None = Field(None, description="with trec: the queries' file")
     corpus: CorpusSpec | None = Field(None, description="with trec: the documents' file")
@@ -134,9 +139,13 @@ class RerankRun(Strict):
 
 
 class RerankConfig(Strict):
-    """`rerank`: listwise (RankGPT/RankZephyr) or pairwise (PRP) LLM reranking of runs."""
+    """`rerank`: listwise (RankGPT/RankZephyr) or pairwise (PRP) LLM reranking of runs, by
+    one model (`model:`) or several (`models:`, each run naming its own)."""
 
-    model: LLMSpec
+    model: LLMSpec | None = Field(None, description="the one reranking model (or `models:`)")
+    models: list[LLMSpec] | None = Field(
+        None, description="several reranking models, each one engine loaded once for all its "
+                          "runs; each run names its entry with `model:`")
     sampling: SamplingSpec | None = Field(
         None, description="default: greedy, max_tokens 8 (pairwise) or 6 x window (listwise)")
     runs: list[RerankRun] = Field(min_length=1)
@@ -145,6 +154,39 @@ class RerankConfig(Strict):
     batch_queries: int = NoHash(64, ge=1, description="queries advancing in lockstep per "
                                                      "actor call (each LLM call batches them)")
 
+    @model_validator(mode="after")
+    def _models(self) -> "RerankConfig":
+        if (self.model is None) == (self.models is None):
+            raise ValueError("rerank: give `model:` (one reranker) or `models:` (a list), "
+                             "not both and not neither")
+        labels = [m.label for m in self.entries]
+        dup = sorted({n for n in labels if labels.count(n) > 1})
+        if dup:
+            raise ValueError(f"rerank.models: {dup} repeat: give each entry its own `name:`")
+        for i, run in enumerate(self.runs):
+            if run.model is None and len(labels) > 1:
+                raise ValueError(f"rerank.runs[{i}] ('{run.name}'): rerank.models has "
+                                 f"{labels}: name the one that reranks with `model:`")
+            if run.model is not None and run.model not in labels:
+                raise ValueError(f"rerank.runs[{i}] ('{run.name}'): model '{run.model}' is not "
+                                 f"a rerank model entry (known: {labels})")
+        names = [r.name for r in self.runs]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"rerank.runs: names must be unique, {dup} repeat")
+        return self
+
+    @property
+    def entries(self) -> list[LLMSpec]:
+        """Every model entry, in the config's order (`model:` is a list of one)."""
+        return [self.model] if self.model is not None else list(self.models)
+
+    def model_of(self, run: RerankRun) -> LLMSpec:
+        """The entry that reranks a run: the one it names, or the only one."""
+        return next(m for m in self.entries if run.model in (None, m.label))
+
+    def key_of(self, i: int) -> str:
+        return "rerank.model" if self.model is not None else f"rerank.models[{i}]"
 
 
 HITS = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), ("rank", pa.int64()),
@@ -166,24 +208,25 @@ def default_sampling(run: RerankRun) -> SamplingSpec:
 
 def rerank_cells(cfg: XlingConfig) -> list[Cell]:
     rc = cfg.rerank
-    model = engine_params(rc.model)
     upstream = []
     if any(r.input for r in rc.runs):
-        from xling.jobs.retrieve import fusion_cells, run_cells
+        from xling.jobs.retrieve import first_stage_cells, fusion_cells
 
-        upstream = [*run_cells(cfg), *fusion_cells(cfg)]
+        upstream = [*first_stage_cells(cfg), *fusion_cells(cfg)]
     cells = []
     for run in rc.runs:
-        sampling = sampling_of(rc.model, rc.sampling or default_sampling(run)).as_dict()
-        method = {k: v for k, v in hashable(run).items() if k not in ("name", "input")}
-        params = {"method": method, "model": model, "sampling": sampling}
+        spec = rc.model_of(run)
+        sampling = sampling_of(spec, rc.sampling or default_sampling(run)).as_dict()
+        # The model is the params' `model` (so a one-model config keeps its cell hashes).
+        method = {k: v for k, v in hashable(run).items() if k not in ("name", "input", "model")}
+        params = {"method": method, "model": engine_params(spec), "sampling": sampling}
         if run.method == "pairwise" and run.prp_answer == "passage_token" \
-                and not rc.model.CONTINUES_PROMPT:
+                and not spec.CONTINUES_PROMPT:
             able = " or ".join(n for n, s in spec_classes().items() if s.CONTINUES_PROMPT)
             raise ConfigError(f"rerank run '{run.name}': prp_answer: passage_token (the default, "
                               f"the paper's one-token answer) continues the chat prompt by "
                               f"' Passage:', which needs backend: {able}; with backend "
-                              f"{rc.model.backend} set prp_answer: generate (free generation)")
+                              f"{spec.backend} set prp_answer: generate (free generation)")
         if run.trec:
             dt = [c.dir for c in _trec_dt_cells(cfg, run)] if run.texts == "dt" else []
             cells.append(Cell("rerank", {"run": run.name}, {**params, "trec": run.trec},
@@ -270,7 +313,8 @@ def _collections(cfg: XlingConfig, up: Cell) -> list[str]:
         names = up.params["fusion"]["runs"]
     else:
         names = [up.key["run"]]
-    return sorted({r.collection for r in cfg.retrieve.runs if r.name in names})
+    return sorted({r.collection_for(up.key["doc_lang"]) for r in cfg.retrieve.runs
+                   if r.name in names})
 
 
 class RerankStage(Stage):
@@ -283,7 +327,8 @@ class RerankStage(Stage):
         return rerank_cells(cfg)
 
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
-        check_model(cfg.rerank.model, "rerank.model")
+        for i, spec in enumerate(cfg.rerank.entries):
+            check_model(spec, cfg.rerank.key_of(i))
 
     def group(self, cell: Cell) -> str:
         return engine_group(cell.params["model"])
@@ -292,7 +337,8 @@ class RerankStage(Stage):
         return ""  # map reads the run settings from cell params
 
     def resources(self, cells: list[Cell], cfg: XlingConfig) -> dict:
-        return pool_resources(cfg.rerank.model.parallel, num_gpus(cfg.rerank.model))
+        spec = self.engine_of(cells, cfg)
+        return pool_resources(spec.parallel, num_gpus(spec))
 
     def read(self, cell: Cell, cfg: XlingConfig):
         import ray.data
@@ -340,17 +386,19 @@ class RerankStage(Stage):
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         rc = cfg.rerank
+        spec = self.engine_of(cells, cfg)
         # Per-cell settings come from the cell's params, so cells of a sweep's grid points
-        # (say doc_tokens 64/128/256) share this pool: the model is loaded once.
+        # (say doc_tokens 64/128/256) share this pool: the model is loaded once. The cells of
+        # one map share one model entry (their group is the model's engine).
         calls = [{**{k: c.params["method"][k] for k in ("method", "depth", "window", "step",
                                                        "passes", "doc_tokens", "fit",
                                                        "prompt_style", "prp_answer",
                                                        "prp_constrain", "prp_tail")},
                   "system": c.key["run"], "sampling": c.params["sampling"],
-                  "options": rc.model.call_options()}
+                  "options": spec.call_options()}
                  for c in cells]
-        p = rc.model.parallel
-        hosts = shared_hosts(rc.model)
+        p = spec.parallel
+        hosts = shared_hosts(spec)
         if hosts:  # the engine lives in the run's hosts (core/hosts.py): the pool forwards
             import ray.data
 
@@ -358,23 +406,28 @@ class RerankStage(Stage):
                                                  max_concurrent_calls_per_actor=BATCHES_IN_FLIGHT)
             resources = dict(num_cpus=0, num_gpus=0)
         else:
-            compute = actor_pool(p, key="rerank.model.parallel",
-                                 calls_per_actor=BATCHES_IN_FLIGHT)
-            resources = dict(num_cpus=p.num_cpus, num_gpus=num_gpus(rc.model))
+            where = rc.key_of(rc.entries.index(spec))
+            compute = actor_pool(p, key=f"{where}.parallel", calls_per_actor=BATCHES_IN_FLIGHT)
+            resources = dict(num_cpus=p.num_cpus, num_gpus=num_gpus(spec))
         return ds.map_batches(
             LLMReranker, batch_format="pyarrow", batch_size=rc.batch_queries,
             fn_constructor_kwargs=dict(store_uri=RunStore(cfg.run_root).uri,
-                                       engine=engine_spec(rc.model), cache=rc.cache,
-                                       env=actor_env(rc.model), cache_name=rc.model.model,
+                                       engine=engine_spec(spec), cache=rc.cache,
+                                       env=actor_env(spec), cache_name=spec.model,
                                        calls=calls, hosts=hosts),
             compute=compute, **resources)
 
     def engines(self, cfg: XlingConfig) -> list:
-        """The reranker's engine, shared with the run's other stages that load it."""
-        return [cfg.rerank.model] if self.cells(cfg) else []
+        """The rerankers' engines, one per model entry a cell uses, shared with the run's
+        other stages that load them."""
+        used = {c.key["run"] for c in self.cells(cfg)}
+        models = [cfg.rerank.model_of(r) for r in cfg.rerank.runs if r.name in used]
+        return [m for m in cfg.rerank.entries if any(m is u for u in models)]
 
     def engine_of(self, cells: list[Cell], cfg: XlingConfig):
-        return cfg.rerank.model
+        """The model entry of a group's cells (a group is one model's engine)."""
+        rc = cfg.rerank
+        return rc.model_of(next(r for r in rc.runs if r.name == cells[0].key["run"]))
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         from xling.jobs.retrieve import export_trec
@@ -401,20 +454,24 @@ def _open_text(path: str):
 
 
 def _retrieve_sources(cfg: XlingConfig, cell: Cell, texts: str = "index"):
-    """Queries and the passage texts: those of the index the input run searched (`index`),
-    the original documents (`og`), or their translations into the query language (`dt`)."""
+    """Queries and the passage texts: those of the index the input run searched (`index`;
+    an imported run's: its collection's originals), the original documents (`og`), or their
+    translations into the query language (`dt`)."""
     from xling.jobs.index import IndexStage
-    from xling.jobs.retrieve import _index_cell, fusion_cells, run_cells, topic_files
+    from xling.jobs.retrieve import _index_cell, first_stage_cells, fusion_cells, topic_files
 
-    by_dir = {c.dir: c for c in [*run_cells(cfg), *fusion_cells(cfg)]}
+    by_dir = {c.dir: c for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]}
     up = by_dir[cell.params["input"]]
-    leaves = [by_dir[d] for d in up.inputs] if "indexes" not in up.params else [up]
+    leaves = [by_dir[d] for d in up.inputs] if "fusion" in up.params else [up]
     ts = next(t for t in cfg.retrieve.topics if t.name == up.key["topics"])
     ql, dl = up.key["qlang"], up.key["doc_lang"]
     queries = read_queries(ts, ql, topic_files(ts, ql, dl, "retrieve.topics"))
     if texts == "index":
-        index_ids = {i for leaf in leaves for i in leaf.params["indexes"].values()}
+        index_ids = {i for leaf in leaves for i in leaf.params.get("indexes", {}).values()}
         docs = [IndexStage().read(_index_cell(cfg, i), cfg) for i in sorted(index_ids)]
+        imported = sorted({leaf.params["run"]["collection"].replace("{doc_lang}", dl)
+                           for leaf in leaves if "trec" in leaf.params})
+        docs += [text_documents(cfg, col, dl, dl) for col in imported]
     else:
         text_lang = dl if texts == "og" else ql
         docs = [text_documents(cfg, col, dl, text_lang) for col in _collections(cfg, up)]

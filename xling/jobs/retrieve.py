@@ -14,6 +14,10 @@ Modes (config: retrieve.runs[].mode):
   partitions of the collection named by its language, English, its `rel_langs` column, or
   rel_langs without its own language; hits of the partitions are merged per query.
 
+Imported runs (retrieve.runs with `trec:`) are TREC files made elsewhere, read into cells of
+their own after the searches (`ImportStage`), so that fusion, rerank and evaluate take them
+as they take a search's run.
+
 Fusions (retrieve.fusion) run after the runs they fuse, as cells of their own, through the
 same runner: their input rows are queries with the hits of each fused run.
 """
@@ -27,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, field_validator, model_validator
 
-from xling.core.config import NoHash, Parallelism, Strict, check_lang, hashable
+from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.pools import LIGHT_CPUS, pool_args
 from xling.core.cells import RID, Cell, Stage, StageFailed
@@ -83,7 +87,9 @@ class RunSpec(Strict):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     engine: Literal["bm25", "dense"] = "bm25"
-    collection: str = Field(description="an index.collections name")
+    collection: str = Field(description="an index.collections name; `{doc_lang}` is replaced "
+                                        "by each document language (CLEF: one collection per "
+                                        "language, clef03-{doc_lang})")
     mode: Literal[MODES] = "og"  # type: ignore[valid-type]
     topics: list[str] | None = Field(None, description="the topic sets it searches (default: all)")
     k1: float = Field(0.9, gt=0, description="BM25 k1 (LLM-CLIR uses 0.9)")
@@ -93,6 +99,17 @@ class RunSpec(Strict):
                                     "{dense: 1, sparse: 0.3, colbert: 1}")
     merge: Literal["score", "interleave"] = Field(
         "score", description="how per-partition hits of one query are merged (BordIRLines modes)")
+    trec: str | None = Field(
+        None, json_schema_extra={"hash": "if_set"},
+        description="an imported first stage: a TREC run file made elsewhere (NV-Embed-v2, "
+                    "E5, ...), `{lang}` and `{doc_lang}` replaced per pair; it is evaluated "
+                    "(with its oracle), fused and reranked as a run of this stage; `collection` "
+                    "names the documents it ranked (the rerank texts)")
+
+
+    def collection_for(self, doc_lang: str) -> str:
+        """The index.collections name searched for one document language."""
+        return self.collection.replace("{doc_lang}", doc_lang)
 
 
 class FusionSpec(Strict):
@@ -187,11 +204,12 @@ def run_cells(cfg: XlingConfig) -> list[Cell]:
         topics = {k: v for k, v in hashable(ts).items() if k not in ("langs", "doc_langs")}
         for ql in ts.langs:
             for run in rc.runs:
-                if run.topics is not None and ts.name not in run.topics:
+                if run.topics is not None and ts.name not in run.topics or run.trec:
                     continue
-                col = next(c for c in cfg.index.collections if c.name == run.collection)
                 bordir = run.mode not in ("og", "qt", "dt")
                 for dl in ([MULTI] if bordir else ts.doc_langs):
+                    col = next(c for c in cfg.index.collections
+                               if c.name == run.collection_for(dl))
                     where = f"retrieve.topics[{ti}]"
                     if bordir:
                         indexes = {l: find_index(cfg, col.name, l, l, run.engine).id
@@ -212,6 +230,41 @@ def run_cells(cfg: XlingConfig) -> list[Cell]:
                                                    "doc_lang": dl, "run": run.name},
                                       params, inputs=inputs, n_shards=rc.shards))
     return cells
+
+
+def import_cells(cfg: XlingConfig) -> list[Cell]:
+    """One cell per imported run (`trec:`) and pair of its topic sets: the file's hits for
+    the pair's queries, cut to retrieve.depth."""
+    from pathlib import Path
+
+    rc = cfg.retrieve
+    cells = []
+    for ti, ts in enumerate(rc.topics):
+        topics = {k: v for k, v in hashable(ts).items() if k not in ("langs", "doc_langs")}
+        for ql in ts.langs:
+            for i, run in enumerate(rc.runs):
+                if not run.trec or run.topics is not None and ts.name not in run.topics:
+                    continue
+                for dl in ts.doc_langs:
+                    path = run.trec.replace("{doc_lang}", dl).replace("{lang}", ql)
+                    if "://" not in path and not Path(path).is_file():
+                        raise ConfigError(f"retrieve.runs[{i}] ('{run.name}'): TREC run file not "
+                                          f"found: {path} (for {ql}->{dl}); give the path of "
+                                          "the imported run, `{lang}`/`{doc_lang}` replaced")
+                    params = {"topics": {**topics, "path": ts.path.replace("{doc_lang}", dl)},
+                              "qlang": ql, "doc_lang": dl, "depth": rc.depth,
+                              "run": hashable(run), "trec": path}
+                    cells.append(Cell("retrieve", {"topics": ts.name, "qlang": ql,
+                                                   "doc_lang": dl, "run": run.name}, params,
+                                      inputs=[path, *topic_files(ts, ql, dl,
+                                                                 f"retrieve.topics[{ti}]")],
+                                      n_shards=1))
+    return cells
+
+
+def first_stage_cells(cfg: XlingConfig) -> list[Cell]:
+    """The cells of every retrieve.runs entry: searches and imported runs (not fusions)."""
+    return [*run_cells(cfg), *import_cells(cfg)]
 
 
 def _qt_cell(cfg: XlingConfig, ts: TopicSet, ql: str, dl: str) -> Cell:
@@ -307,11 +360,13 @@ class RetrieveStage(Stage):
     after_label = "fusions"
 
     def after_run(self, cfg: XlingConfig, runner) -> None:
+        if any(r.trec for r in cfg.retrieve.runs):
+            runner.run(ImportStage(), cfg)
         if cfg.retrieve.fusion:
             runner.run(FusionStage(), cfg)
 
     def all_cells(self, cfg: XlingConfig) -> list[Cell]:
-        return [*run_cells(cfg), *fusion_cells(cfg)]
+        return [*first_stage_cells(cfg), *fusion_cells(cfg)]
 
 
 # Hits a dense call may return (~100 bytes a row): a bound on a call's output block.
@@ -436,7 +491,7 @@ class StoreBM25Searcher:
 
 def fusion_cells(cfg: XlingConfig) -> list[Cell]:
     runs = {}
-    for c in run_cells(cfg):
+    for c in first_stage_cells(cfg):
         runs.setdefault((c.key["topics"], c.key["qlang"], c.key["doc_lang"]), {})[c.key["run"]] = c
     cells = []
     for fs in cfg.retrieve.fusion:
@@ -492,6 +547,84 @@ class FusionStage(Stage):
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         return export_trec(store, cell)
+
+
+class ImportStage(Stage):
+    """Imported runs (`retrieve.runs[].trec`): a TREC file's hits for a pair's queries, cut
+    to retrieve.depth, as a retrieve cell (so fusion, rerank and evaluate read it as they
+    read a search's)."""
+
+    name = "retrieve"
+    id_column = "query_id"
+    part_export = TREC_PART
+    part_counts = staticmethod(hit_counts)
+
+    def cells(self, cfg: XlingConfig) -> list[Cell]:
+        return import_cells(cfg)
+
+    def read(self, cell: Cell, cfg: XlingConfig):
+        import io
+
+        import ray.data
+
+        from xling.core.sources import _open
+        from xling.tasks.runs import read_trec_run
+
+        ts = _topics(cfg, cell.key["topics"])
+        ql = cell.key["qlang"]
+        wanted = {r["query_id"] for r in read_queries(ts, ql, cell.inputs[1:]).take_all()}
+        with _open(cell.params["trec"]) as f:  # local or s3://
+            hits = read_trec_run(io.BytesIO(f.read()))
+        # the pair's queries only: one file may hold the runs of every pair
+        hits = hits.filter(pc.is_in(hits["query_id"], pa.array(sorted(wanted), pa.string())))
+        if hits.num_rows == 0:
+            raise StageFailed(f"imported run {cell.key['run']}: {cell.params['trec']} has no "
+                              f"hits for the {len(wanted)} queries of {cell.id}")
+        # each query's hits by rank, stable: the file's order among equal ranks
+        hits = hits.take(pc.sort_indices(hits, sort_keys=[("query_id", "ascending"),
+                                                          ("rank", "ascending")]))
+        grouped = hits.group_by("query_id", use_threads=False).aggregate(
+            [("doc_id", "list"), ("rank", "list"), ("score", "list")])
+        grouped = grouped.rename_columns(["query_id", "doc_ids", "ranks", "scores"])
+        return ray.data.from_arrow(grouped.append_column(RID, grouped["query_id"]))
+
+    def map(self, ds, cells: list[Cell], cfg: XlingConfig):
+        info = {i: (c.key["run"], c.key["qlang"], c.key["doc_lang"]) for i, c in enumerate(cells)}
+        return ds.map_batches(functools.partial(_imported, info=info, depth=cfg.retrieve.depth),
+                              batch_format="pyarrow")
+
+    def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
+        return export_trec(store, cell)
+
+
+def _imported(batch: pa.Table, *, info: dict, depth: int) -> pa.Table:
+    """Query rows of an imported run -> hits rows: each query's `depth` best-ranked hits,
+    with the file's own ranks and scores (fusion reads the ranks as pyserini does)."""
+    cols: dict[str, list] = {c: [] for c in (RID, "_cell", "_shard", "query_id", "doc_id",
+                                             "rank", "score")}
+    langs, doc_langs, systems = [], [], []
+    for row in batch.to_pylist():
+        system, ql, dl = info[row["_cell"]]
+        for d, r, s in list(zip(row["doc_ids"], row["ranks"], row["scores"]))[:depth]:
+            for c, v in ((RID, row[RID]), ("_cell", row["_cell"]), ("_shard", row["_shard"]),
+                         ("query_id", row["query_id"]), ("doc_id", d), ("rank", r),
+                         ("score", float(s))):
+                cols[c].append(v)
+            langs.append(ql)
+            doc_langs.append(dl)
+            systems.append(system)
+    n = len(cols[RID])
+    return pa.table({RID: pa.array(cols[RID], pa.string()),
+                     "_cell": pa.array(cols["_cell"], pa.int64()),
+                     "_shard": pa.array(cols["_shard"], pa.int64()),
+                     "query_id": pa.array(cols["query_id"], pa.string()),
+                     "lang": pa.array(langs, pa.string()),
+                     "doc_id": pa.array(cols["doc_id"], pa.string()),
+                     "rank": pa.array(cols["rank"], pa.int32()),
+                     "score": pa.array(cols["score"], pa.float64()),
+                     "doc_lang": pa.array(doc_langs, pa.string()),
+                     "system": pa.array(systems, pa.string()),
+                     "error": pa.nulls(n, pa.string())})
 
 
 def cfg_fusion(cfg: XlingConfig, name: str) -> dict:

@@ -444,15 +444,33 @@ class RunTable:
     significant: dict[str, dict[str, bool]]
     first_stage: dict[str, str]
 
-    def rows(self) -> list[dict]:
-        """`pairs_table` rows: first stages, then each first stage's rerankers."""
+    def rows(self, order: list[str] = ()) -> list[dict]:
+        """`pairs_table` rows: first stages, then each first stage's rerankers, then the
+        rerankers' own oracles; systems named in `order` (a paper's row order) first, in
+        that order, a first stage's oracle the order leaves out right after its run."""
         inputs = self.first_stage
-        order = sorted(self.values.items(),
-                       key=lambda kv: (kv[0] in inputs, inputs.get(kv[0], ""), kv[0]))
-        return [{"label": system, "values": values, "sig": self.significant.get(system, {}),
-                 "section": (f"Reranking (retriever: {inputs[system]})" if system in inputs
-                             else "First-stage retrieval")}
-                for system, values in order]
+        at = {name: i for i, name in enumerate(dict.fromkeys(order))}
 
-    def markdown(self) -> str:
-        return pairs_table(self.rows(), self.pairs, title=f"{self.topics}: {self.metric}")
+        def reranked_oracle(system: str) -> bool:
+            return system.endswith("+oracle") and system.removesuffix("+oracle") in inputs
+
+        def place(system: str) -> float:
+            base = system.removesuffix("+oracle")
+            if system in at or reranked_oracle(system):
+                return at.get(system, len(at) + 1)
+            return at[base] + 0.5 if base in at else len(at)
+
+        def section(system: str) -> str:
+            if system in inputs:
+                return f"Reranking (retriever: {inputs[system]})"
+            return "Oracles of the reranked runs" if reranked_oracle(system) else \
+                "First-stage retrieval"
+
+        order = sorted(self.values.items(),
+                       key=lambda kv: (place(kv[0]), kv[0] in inputs, inputs.get(kv[0], ""),
+                                       kv[0]))
+        return [{"label": system, "values": values, "sig": self.significant.get(system, {}),
+                 "section": section(system)} for system, values in order]
+
+    def markdown(self, order: list[str] = ()) -> str:
+        return pairs_table(self.rows(order), self.pairs, title=f"{self.topics}: {self.metric}")

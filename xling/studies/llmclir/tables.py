@@ -34,13 +34,27 @@ def headroom(table: RunTable) -> str:
         ["reranker", "first stage", "s1", "s*", "PRI", "s2", "Realized %"], rows) + "\n"
 
 
+def _printed(table: RunTable, paper_tables: Mapping) -> list[Mapping]:
+    """The paper's tables of this topic set and measure."""
+    return [printed for printed in paper_tables.values()
+            if printed.get("topics") == table.topics and printed.get("metric")
+            and canonical(printed["metric"]) == canonical(table.metric)]
+
+
+def paper_order(table: RunTable, paper_tables: Mapping) -> list[str]:
+    """xling's systems in the paper's row order: each `system:` of the paper's tables of this
+    topic set and measure, as they first appear (Table 2 before 4 before 6)."""
+    return [row["system"] for printed in _printed(table, paper_tables)
+            for row in printed["rows"] if row.get("system")]
+
+
 def paper_beside(table: RunTable, paper_tables: Mapping) -> list[str]:
     """Each of the paper's tables for this topic set and measure, its rows under xling's
     systems of the same name (a row's `system:`), with Δ AVG."""
     out = []
+    shown = _printed(table, paper_tables)
     for name, printed in paper_tables.items():
-        if printed.get("topics") != table.topics or not printed.get("metric") or \
-                canonical(printed["metric"]) != canonical(table.metric):
+        if not any(printed is p for p in shown):
             continue
         columns = [c for c in printed["columns"] if c != "AVG"]
         rows = []
@@ -67,7 +81,7 @@ def render(tables: list[RunTable], *, paper_tables: Mapping, config: Mapping,
            show_settings: bool = True) -> str:
     out = []
     for table in tables:
-        out.append(table.markdown())
+        out.append(table.markdown(paper_order(table, paper_tables)))
         if show_headroom and (block := headroom(table)):
             out.append(block)
         if show_paper:
