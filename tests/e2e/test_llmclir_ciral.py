@@ -28,7 +28,7 @@ import yaml
 
 from helpers import ok
 from llm_server import LLMServer
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from xling.core.runner import read_cell
+from xling.core.status import read_cell
 from xling.core.store import RunStore
 from xling.tasks.runs import hits_table, write_trec_run
 from xling.tasks.topics import iter_qrels

@@ -357,7 +357,7 @@ class RetrieveStage(Stage):
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         return export_trec(store, cell)
 
-    after_label = "fusions"
+    after_label = "imported runs and fusions"
 
     def after_run(self, cfg: XlingConfig, runner) -> None:
         if any(r.trec for r in cfg.retrieve.runs):
