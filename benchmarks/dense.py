@@ -74,9 +74,8 @@ def main() -> None:
     import faiss
     import torch
 
-    from xling.actors.dense_retriever import _matrix
     from xling.actors.dense_search import FlatIndex
-    from xling.actors.embedder import M3Embedder
+    from xling.actors.embedder import M3Embedder, vector_matrix
     from xling.config import validate_config
     from xling.core.models import resolve_model
 
@@ -146,7 +145,7 @@ def main() -> None:
     if emb is None:  # --search-only: the vectors xling's index stage committed
         [icell] = index_cells(cfg)
         files = store.read_json(f"{icell.dir}/_manifest.json")["files"]
-        emb = np.concatenate([_matrix(store.read_parquet(f"{icell.dir}/{f}",
+        emb = np.concatenate([vector_matrix(store.read_parquet(f"{icell.dir}/{f}",
                                                          columns=["dense"])["dense"])
                               for f in files])
 

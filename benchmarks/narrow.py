@@ -38,7 +38,6 @@ read and commit tasks still find a slot beside the actors.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import tempfile
@@ -48,7 +47,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_ratios, print_stats, print_without_startup, stream_rates  # noqa: E402
+from common import print_ratios, print_stats, print_without_startup, start_ray, \
+    stream_rates  # noqa: E402
 from index import texts, vocabulary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,14 +100,12 @@ def main() -> None:
                          "threads (default: one per core on CPU, one on a GPU)")
     args = ap.parse_args()
 
-    import ray.data
     import torch
 
     from xling.actors.embedder import M3Embedder
     from xling.config import validate_config
     from xling.core.models import resolve_model
     from xling.core.runner import Runner
-    from xling.core.runtime import start_local_ray
     from xling.core.store import RunStore
     from xling.jobs.narrow import NarrowStage
     from xling.studies.registry import get_study
@@ -170,8 +168,7 @@ def main() -> None:
                                 "num_cpus": 1 if gpu else max(1, cpus // args.actors)}}})
     # One logical CPU more than the cores: the slot the light read and commit tasks take
     # beside the actor (they use a few percent of a core).
-    start_local_ray(cpus + (0 if gpu else 1), logging_level=logging.WARNING)
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    stop_ray = start_ray(cpus + (0 if gpu else 1))
     store = RunStore(cfg.run_root)
     runner = Runner(store, progress=False, log=lambda *_: None)
     t = time.perf_counter()
@@ -182,7 +179,7 @@ def main() -> None:
     [cell] = store.list_dirs("narrow")
     manifest = store.read_json(f"narrow/{cell}/_manifest.json")
     xsel = store.read_parquet(f"narrow/{cell}/_selections.parquet").to_pylist()
-    ray.shutdown()
+    stop_ray()
 
     pairs = list(zip(sorted(bare_sel, key=lambda s: s["context_id"]),
                      sorted(xsel, key=lambda s: s["context_id"])))
