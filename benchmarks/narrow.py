@@ -100,6 +100,7 @@ def main() -> None:
                          "threads (default: one per core on CPU, one on a GPU)")
     args = ap.parse_args()
 
+    import ray
     import torch
 
     from xling.actors.embedder import M3Embedder
@@ -153,6 +154,11 @@ def main() -> None:
     # ---- xling: the narrow stage -------------------------------------------------------------
     cpus = os.cpu_count() or 1
     args.actors = args.actors or (1 if gpu else cpus)
+    # One logical CPU more than the cores: the slot the light read and commit tasks take
+    # beside the actors (they use a few percent of a core). On a Ray joined as it is, the
+    # actors share out all its CPUs but that one.
+    stop_ray = start_ray(cpus + (0 if gpu else 1))
+    cores = int(ray.cluster_resources().get("CPU", cpus + 1)) - 1
     cfg = validate_config({
         "name": "bench", "run_root": str(tmp / "run"),
         "study": {"task": "cross", "options": {"data": files, "query_langs": ["en"],
@@ -165,10 +171,7 @@ def main() -> None:
                    # makes an actor's num_cpus its threads); on a GPU one actor
                    "parallel": {"concurrency": [args.actors, args.actors],
                                 "num_gpus": 1 if gpu else 0,
-                                "num_cpus": 1 if gpu else max(1, cpus // args.actors)}}})
-    # One logical CPU more than the cores: the slot the light read and commit tasks take
-    # beside the actor (they use a few percent of a core).
-    stop_ray = start_ray(cpus + (0 if gpu else 1))
+                                "num_cpus": 1 if gpu else max(1, cores // args.actors)}}})
     store = RunStore(cfg.run_root)
     runner = Runner(store, progress=False, log=lambda *_: None)
     t = time.perf_counter()
