@@ -41,7 +41,6 @@ def assert_rates(out: str, *units: str) -> None:
             bare, xling, ratio = got[kind, unit]
             assert all(math.isfinite(v) and v > 0 for v in (bare, xling, ratio)), (kind, unit,
                                                                                   out)
-            assert ratio == pytest.approx(xling / bare, rel=0.05, abs=0.01)
 
 
 def run_main(name: str, argv: list[str], monkeypatch, capsys) -> str:
@@ -85,6 +84,12 @@ def test_dense(bench):
     assert_rates(out, "passages/s", "queries/s")
     bare, xling = map(int, re.search(r"hits: bare (\d+), xling (\d+)", out).groups())
     assert bare == xling == 12 * 5
+    # The runner's operator times, from Ray Data's block stats: the union of an operator's
+    # calls is never longer than their sum (benchmarks/common.py's steady rate).
+    ops = re.findall(r"^\s+(\S.*?)\s+busy\s+([\d.]+) s, union of its calls\s+([\d.]+) s$", out,
+                     re.M)
+    searcher = [(float(b), float(u)) for op, b, u in ops if "StoreDenseSearcher" in op]
+    assert searcher and all(0 < u <= b + 1e-3 for b, u in searcher), ops
 
 
 def test_translate(bench):
