@@ -38,7 +38,7 @@ def stream_rates(runner_or_streams, wall: float, actor: str, actors: int) -> dic
     startup = sum(s["first_output"] - s["started"] for s in streams if s.get("first_output"))
     return {"records": records, "whole": records / wall if wall else 0.0,
             "steady": records / per_actor if per_actor > 0 else 0.0, "startup": startup,
-            "busy": busy}
+            "busy": busy, "union": union}
 
 
 def start_ray(num_cpus: int | None):

@@ -55,7 +55,7 @@ def run_main(name: str, argv: list[str], monkeypatch, capsys) -> str:
         os.environ.clear()
         os.environ.update(saved)
     out = capsys.readouterr().out
-    print(out)  # shown when the test fails
+    print(out)  # shown when the test fails (or with -s)
     return out
 
 
@@ -127,10 +127,15 @@ def test_scale(bench):
 def test_generate(tiny_models, worker_ray):
     """vLLM in the benchmark's own process; xling's `generate` joins this test's node."""
     p = subprocess.run([sys.executable, str(BENCH / "generate.py"), "--prompts", "6",
-                        "--max-tokens", "8", "--shards", "1", "--max-model-len", "512"],
+                        "--max-tokens", "8", "--shards", "3", "--max-model-len", "512",
+                        "--batch-size", "2"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    print(p.stdout)
     assert_rates(p.stdout, "prompts/s")
     bare, xling = map(int, re.search(r"output tokens: bare (\d+), xling (\d+)",
                                      p.stdout).groups())
     assert bare == xling > 0
+    summed, union = map(float, re.search(r"generator calls: ([\d.]+) s summed, ([\d.]+) s their "
+                                         r"union", p.stdout).groups())
+    assert 0 < union <= summed
