@@ -75,8 +75,9 @@ def main() -> None:
     import faiss
     import torch
 
+    from xling.actors.embedder import vector_matrix
     from xling.actors.dense_search import FlatIndex
-    from xling.actors.embedder import M3Embedder, vector_matrix
+    from xling.actors.embedder import M3Embedder
     from xling.config import validate_config
     from xling.core.models import resolve_model
 
@@ -147,7 +148,7 @@ def main() -> None:
         [icell] = index_cells(cfg)
         files = store.read_json(f"{icell.dir}/_manifest.json")["files"]
         emb = np.concatenate([vector_matrix(store.read_parquet(f"{icell.dir}/{f}",
-                                                         columns=["dense"])["dense"])
+                                                               columns=["dense"])["dense"])
                               for f in files])
 
     # ---- bare FAISS: one search over all queries -------------------------------------------

@@ -44,9 +44,8 @@ LAYERS = ("unit", "integration", "e2e", "faults")
 # tests share a module fixture marks itself `xdist_group` (tests/unit/test_test_layout.py).
 SLOW_FIRST = ("test_mirage_study", "test_cross_study", "test_studies", "test_stage_kills",
               "test_retrieve", "test_translate", "test_resume", "test_llm_stages", "test_bm25",
-              "test_benchmarks",
               "test_cluster_faults", "test_sweep", "test_devstore", "test_localcluster",
-              "test_tiny_models", "test_feature_actors", "test_runner",
+              "test_benchmarks", "test_tiny_models", "test_feature_actors", "test_runner",
               "test_dense", "test_llm_config", "test_study_config", "test_llmclir_texts",
               "test_report")
 
