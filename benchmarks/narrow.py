@@ -47,8 +47,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_ratios, print_stats, print_without_startup, start_ray, \
-    stream_rates  # noqa: E402
+from common import print_ratios, print_stats, print_without_startup, stream_rates  # noqa: E402
+from common import start_ray  # noqa: E402
 from index import texts, vocabulary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
