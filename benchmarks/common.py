@@ -1,17 +1,24 @@
 """What every benchmark reports, measured the same way on both sides.
 
 steady state  what a long job runs at once pipelines, pools and models are up. For xling:
-              records / (the model operator's busy time / its actors), where busy time is
-              the time its actors spent inside their calls, summed (Ray Data's operator
-              stats, recorded by the runner in `Runner.streams` and the manifest's `stream`),
-              or records / the operator's span where that is shorter: an async actor's
-              calls overlap (generate runs 4 at once), and the sum counted each overlap
-              once per call.
+              records / the model operator's busy time per actor, where its busy time is
+              the time its actors spent inside their calls (Ray Data's operator stats,
+              recorded by the runner in `Runner.streams` and the manifest's `stream`):
+              the calls' summed time / actors, or the union of the calls' intervals where
+              that is shorter. An async actor runs several calls at once (generate: 4),
+              and the sum counts each overlap once per call, the union once. Neither is
+              below an actor's busy time: the sum / actors is exact for actors that run
+              one call at a time, the union for a single actor (a pool of several async
+              actors would need each actor's own intervals; Ray Data records no actor).
               That is the pool's rate when it is never starved: it holds everything xling
               does around the engine inside the actor, and nothing of start-up, so it can
               only read above the bare engine's rate if the engine itself ran faster.
               For the bare engine: records / engine time, load excluded.
 whole run     records / wall time, start-up included (and broken out).
+
+Ray: each benchmark starts a fresh local node as xling starts one (`start_ray`), or joins
+the node this process is already connected to, or the one $RAY_ADDRESS names (the smoke
+tests, tests/integration/test_benchmarks.py, run every benchmark on their test node).
 """
 
 from __future__ import annotations
@@ -26,12 +33,36 @@ def stream_rates(runner_or_streams, wall: float, actor: str, actors: int) -> dic
     streams = getattr(runner_or_streams, "streams", runner_or_streams)
     records = sum(s["records"] for s in streams)
     busy = sum(t for s in streams for op, t in s.get("busy", {}).items() if actor in op)
-    span = sum(t for s in streams for op, t in s.get("span", {}).items() if actor in op)
-    per_actor = min(busy / actors, span) if span > 0 else busy / actors
+    union = sum(t for s in streams for op, t in s.get("union", {}).items() if actor in op)
+    per_actor = min(busy / actors, union) if union > 0 else busy / actors
     startup = sum(s["first_output"] - s["started"] for s in streams if s.get("first_output"))
     return {"records": records, "whole": records / wall if wall else 0.0,
             "steady": records / per_actor if per_actor > 0 else 0.0, "startup": startup,
-            "busy": busy}
+            "busy": busy, "union": union}
+
+
+def start_ray(num_cpus: int | None):
+    """A local Ray node of `num_cpus` started as xling starts one (`start_local_ray`), or
+    the Ray this process is connected to, or the cluster $RAY_ADDRESS names. Returns what
+    ends it here: `ray.shutdown`, or nothing to do where this process was connected before."""
+    import logging
+
+    import ray
+    import ray.data
+
+    from xling.core.runtime import start_local_ray
+
+    if ray.is_initialized():
+        stop = lambda: None  # noqa: E731 - the caller's Ray, not ours to end
+    elif os.environ.get("RAY_ADDRESS"):
+        ray.init(logging_level=logging.WARNING)
+        stop = ray.shutdown
+    else:
+        start_local_ray(num_cpus, logging_level=logging.WARNING)
+        stop = ray.shutdown
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars, ctx.print_on_execution_start = False, False
+    return stop
 
 
 def print_stats(runner) -> None:

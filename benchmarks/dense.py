@@ -18,7 +18,8 @@ Corpus: texts drawn from the demo passages' vocabulary (Zipf), 60-200 words, que
 Reported, whole run first (what a user waits for: records / wall time, start-up included),
 then the steady rate as a diagnostic (benchmarks/common.py), and where xling's search wall
 time went: start-up (until the first output), each Ray Data operator's busy seconds (summed
-over its tasks or actors, so a pool of 2 can show twice the wall), and the time outside the
+over its tasks or actors, so a pool of 2 can show twice the wall; and the union of their
+intervals, which counts overlapping calls once), and the time outside the
 pipeline (planning, the last commits, the TREC export). Bare's steady rate is that of its
 calls alone; its whole run adds its start-up, the import of FlagEmbedding and the model
 load, as xling's holds its actors' (the search ratio without it is printed too).
@@ -191,7 +192,8 @@ def main() -> None:
           f"({cpu['machine'] / wall:.2f} cores busy of {os.cpu_count()}), of which the "
           f"driver {cpu['driver']:.1f}")
     for op, busy in sorted(stream.get("busy", {}).items(), key=lambda kv: -kv[1]):
-        print(f"    {op:60s} busy {busy:8.1f} s")
+        print(f"    {op:60s} busy {busy:8.3f} s, union of its calls "
+              f"{stream.get('union', {}).get(op, 0.0):8.3f} s")
 
 
 def report(unit: str, bare: float, x: dict, bare_startup: float) -> None:

@@ -34,7 +34,6 @@ not decide the ratio alone): 2,000 NLI pairs (70-120 s bare here) and 8,000 rera
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -43,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_ratios, print_without_startup, stream_rates  # noqa: E402
+from common import print_ratios, print_without_startup, start_ray, stream_rates  # noqa: E402
 from index import texts, vocabulary  # noqa: E402
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
@@ -124,7 +123,7 @@ def run_xling(cls, kwargs: dict, columns: dict[str, list[str]], outputs: tuple[s
                                        for c in outputs])
         errors += batch.num_rows - batch["error"].null_count
     wall = time.perf_counter() - t
-    stream["busy"], stream["span"] = _operator_times(ds)
+    stream["busy"], stream["union"] = _operator_times(ds)
     if errors:
         print(f"  xling {cls.__name__}: {errors} error rows")
     return values, stream_rates([stream], wall, cls.__name__, actors)
@@ -153,13 +152,11 @@ def main() -> None:
     if not features or features - {"nli", "reranker"}:
         ap.error("--features: nli, reranker or both")
 
-    import ray.data
     import torch
 
     from xling.actors.cross_encoder import CrossEncoderScorer
     from xling.actors.nli import NLIScorer
     from xling.core.models import resolve_model
-    from xling.core.runtime import start_local_ray
     from xling.jobs.features import ScorerModel
 
     gpu = torch.cuda.is_available()
@@ -182,8 +179,7 @@ def main() -> None:
           f"ray batch {ray_batch}, device {device}, torch threads bare "
           f"{torch.get_num_threads()}, xling {args.actors} actor(s) x {resources}")
 
-    start_local_ray(cpus, logging_level=logging.WARNING)
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    stop_ray = start_ray(cpus)
 
     if "nli" in features:
         model = resolve_model(args.nli_model, key="--nli-model")
@@ -212,7 +208,7 @@ def main() -> None:
         print(f"cross-encoder ({args.reranker_model}): max |xling - bare| logit "
               f"{np.nanmax(np.abs(xling[:, 0] - bare)):.2e}")
         report(n_rerank, load, engine, rates)
-    ray.shutdown()
+    stop_ray()
 
 
 def report(n: int, startup: float, engine: float, rates: dict) -> None:

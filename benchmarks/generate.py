@@ -167,6 +167,9 @@ def main() -> None:
     print_without_startup(x["rates"]["whole"],
                           args.prompts / (b["s"] + b["load_s"] - b["import_s"]),
                           "a bare start-up without the import")
+    r = x["rates"]
+    print(f"  xling's generator calls: {r['busy']:.2f} s summed, {r['union']:.2f} s their union "
+          f"(the actor runs several at once; the steady rate divides by the shorter)")
 
 
 if __name__ == "__main__":

@@ -36,13 +36,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import logging
 import os
 import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_seconds, print_ratios, print_stats, stream_rates
+from common import cpu_seconds, print_ratios, print_stats, start_ray, stream_rates
 
 import numpy as np
 
@@ -82,18 +81,13 @@ def write_inputs(tmp: Path, docs: list[str], queries: list[str]) -> None:
 def run_xling(cfg, index_stage, index_actor: tuple[str, int], search_actor: tuple[str, int],
               search: bool = True, num_cpus: int | None = None) -> tuple[dict, dict | None, int]:
     """Run the `index` then the `retrieve` stage on a fresh local Ray, started as xling
-    starts one (`start_local_ray`, with `num_cpus`): their rates
+    starts one (`start_ray`, with `num_cpus`): their rates
     (benchmarks/common.py), and the number of hits the retrieve cell committed."""
-    import ray.data
-
     from xling.core.runner import Runner
-    from xling.core.runtime import start_local_ray
     from xling.core.store import RunStore
     from xling.jobs.retrieve import RetrieveStage
 
-    start_local_ray(num_cpus, logging_level=logging.WARNING)
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    start_ray(num_cpus)
     store = RunStore(cfg.run_root)
     runner = Runner(store, progress=False, log=lambda *_: None)
     t, cpu = time.perf_counter(), cpu_seconds()

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import logging
 import tempfile
 import time
 from pathlib import Path
 
-from common import print_ratios, print_stats, stream_rates
+from common import print_ratios, print_stats, start_ray, stream_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,17 +84,12 @@ def bare(path: Path, tokenizer_dir: str, processes: int, batch_size: int) -> dic
 
 
 def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int) -> dict:
-    import ray.data
-
     from xling.config import validate_config
     from xling.jobs.ingest import IngestStage
     from xling.core.runner import Runner
-    from xling.core.runtime import start_local_ray
     from xling.core.store import RunStore
 
-    start_local_ray(2, logging_level=logging.WARNING)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars, ctx.print_on_execution_start = False, False
+    stop_ray = start_ray(2)
     run_root = tempfile.mkdtemp(prefix="xling-bench-")
     cfg = validate_config({"name": "bench", "run_root": run_root, "ingest": {
         "tokenizer": tokenizer_dir, "shards": shards,
@@ -107,7 +101,7 @@ def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int) -
     runner = Runner(RunStore(run_root), progress=False, log=lambda *_: None)
     runner.run(IngestStage(), cfg)
     wall = time.perf_counter() - t0
-    ray.shutdown()
+    stop_ray()
     print_stats(runner)
     return stream_rates(runner, wall, "DocumentStats", concurrency)
 

@@ -38,7 +38,6 @@ read and commit tasks still find a slot beside the actors.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import tempfile
@@ -49,6 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_ratios, print_stats, print_without_startup, stream_rates  # noqa: E402
+from common import start_ray  # noqa: E402
 from index import texts, vocabulary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,14 +100,13 @@ def main() -> None:
                          "threads (default: one per core on CPU, one on a GPU)")
     args = ap.parse_args()
 
-    import ray.data
+    import ray
     import torch
 
     from xling.actors.embedder import M3Embedder
     from xling.config import validate_config
     from xling.core.models import resolve_model
     from xling.core.runner import Runner
-    from xling.core.runtime import start_local_ray
     from xling.core.store import RunStore
     from xling.jobs.narrow import NarrowStage
     from xling.studies.registry import get_study
@@ -155,6 +154,11 @@ def main() -> None:
     # ---- xling: the narrow stage -------------------------------------------------------------
     cpus = os.cpu_count() or 1
     args.actors = args.actors or (1 if gpu else cpus)
+    # One logical CPU more than the cores: the slot the light read and commit tasks take
+    # beside the actors (they use a few percent of a core). On a Ray joined as it is, the
+    # actors share out all its CPUs but that one.
+    stop_ray = start_ray(cpus + (0 if gpu else 1))
+    cores = int(ray.cluster_resources().get("CPU", cpus + 1)) - 1
     cfg = validate_config({
         "name": "bench", "run_root": str(tmp / "run"),
         "study": {"task": "cross", "options": {"data": files, "query_langs": ["en"],
@@ -167,11 +171,7 @@ def main() -> None:
                    # makes an actor's num_cpus its threads); on a GPU one actor
                    "parallel": {"concurrency": [args.actors, args.actors],
                                 "num_gpus": 1 if gpu else 0,
-                                "num_cpus": 1 if gpu else max(1, cpus // args.actors)}}})
-    # One logical CPU more than the cores: the slot the light read and commit tasks take
-    # beside the actor (they use a few percent of a core).
-    start_local_ray(cpus + (0 if gpu else 1), logging_level=logging.WARNING)
-    ray.data.DataContext.get_current().enable_progress_bars = False
+                                "num_cpus": 1 if gpu else max(1, cores // args.actors)}}})
     store = RunStore(cfg.run_root)
     runner = Runner(store, progress=False, log=lambda *_: None)
     t = time.perf_counter()
@@ -182,7 +182,7 @@ def main() -> None:
     [cell] = store.list_dirs("narrow")
     manifest = store.read_json(f"narrow/{cell}/_manifest.json")
     xsel = store.read_parquet(f"narrow/{cell}/_selections.parquet").to_pylist()
-    ray.shutdown()
+    stop_ray()
 
     pairs = list(zip(sorted(bare_sel, key=lambda s: s["context_id"]),
                      sorted(xsel, key=lambda s: s["context_id"])))

@@ -14,8 +14,9 @@ analyzer; --queries queries per language, 3-6 words drawn the same way, search t
 language's index (depth 100).
 
 Cluster: `xling.dev.localcluster` with a head and --workers worker nodes (--cpus each), the
-driver joining it as a job does. The stages run in this process through the Runner, as
-`xling run` runs them.
+driver joining it as a job does; or the cluster $RAY_ADDRESS names (or this process is
+connected to), as it is (the smoke test, tests/integration/test_benchmarks.py). The stages
+run in this process through the Runner, as `xling run` runs them.
 
 Reported per size and stage: wall time, documents (or queries) per second, the driver's
 peak RSS during the stage (sampled every 0.2 s), and the cluster's peak object store use
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import tempfile
 import threading
@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from common import start_ray
 
 # lang -> (code point ranges of its letters, word separator, sentence end)
 SCRIPTS = {
@@ -163,9 +165,8 @@ class Sampler:
         self.spilled = max(0, self.spilled - self._spilled0)
 
 
-def run_size(n_docs: int, args, cluster, tokenizer: str, tmp: Path) -> list[dict]:
+def run_size(n_docs: int, args, tokenizer: str, tmp: Path) -> list[dict]:
     import ray
-    import ray.data
 
     from xling.core.runner import Runner
     from xling.core.store import RunStore
@@ -181,17 +182,17 @@ def run_size(n_docs: int, args, cluster, tokenizer: str, tmp: Path) -> list[dict
     print(f"\n{n_docs:,} documents ({size_mb:,.0f} MiB of JSONL), {args.queries} queries per "
           f"language: written in {time.perf_counter() - t:.0f} s", flush=True)
     shards = args.shards or max(2, -(-n_docs // len(args.langs) // 20_000))
+    stop_ray = start_ray(None)
+    address = ray.get_runtime_context().gcs_address
     cfg = config(root, tmp / f"run-{n_docs}", args.langs, tokenizer, shards,
-                 args.cpus * (args.workers + 1))
+                 int(ray.cluster_resources()["CPU"]))
     store = RunStore(cfg.run_root)
     rows = []
-    ray.init(address=cluster.address, logging_level=logging.WARNING)
-    ray.data.DataContext.get_current().enable_progress_bars = False
     try:
         for stage, unit, n in ((IngestStage(), "docs", n_docs), (IndexStage(), "docs", n_docs),
                                (RetrieveStage(), "queries", args.queries * len(args.langs))):
             runner = Runner(store, progress=False, log=lambda *_: None)
-            with Sampler(cluster.address) as s:
+            with Sampler(address) as s:
                 t = time.perf_counter()
                 runner.run(stage, cfg)
                 wall = time.perf_counter() - t
@@ -202,7 +203,7 @@ def run_size(n_docs: int, args, cluster, tokenizer: str, tmp: Path) -> list[dict
                   f"{s.rss / 2**20:7,.0f} MiB   object store peak {s.store / 2**20:7,.0f} MiB, "
                   f"spilled {s.spilled / 2**20:,.0f} MiB", flush=True)
     finally:
-        ray.shutdown()
+        stop_ray()
     return rows
 
 
@@ -226,22 +227,31 @@ def main() -> None:
     if unknown:
         ap.error(f"--langs: no generator for {sorted(unknown)}; choose from {sorted(SCRIPTS)}")
 
+    import ray
+
     from xling.dev.localcluster import start_local_cluster
     from xling.dev.tiny_models import build_tiny_models
 
     tokenizer = str(build_tiny_models(progress=False)["nllb_hf"])
     tmp = Path(tempfile.mkdtemp(prefix="xling-bench-scale-"))
-    cluster = start_local_cluster(num_workers=args.workers, cpus_per_node=args.cpus,
-                                  tmp_root=tmp / "cluster", object_store_mb=args.object_store_mb)
-    os.environ.update(cluster.env())
-    print(f"cluster: head + {args.workers} workers, {args.cpus} CPU(s) and "
-          f"{args.object_store_mb} MiB of object store each; work dir {tmp}")
+    cluster = None
+    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
+        print(f"cluster: the one this process is connected to or $RAY_ADDRESS names "
+              f"({os.environ.get('RAY_ADDRESS', 'connected')}); work dir {tmp}")
+    else:
+        cluster = start_local_cluster(num_workers=args.workers, cpus_per_node=args.cpus,
+                                      tmp_root=tmp / "cluster",
+                                      object_store_mb=args.object_store_mb)
+        os.environ.update(cluster.env())
+        print(f"cluster: head + {args.workers} workers, {args.cpus} CPU(s) and "
+              f"{args.object_store_mb} MiB of object store each; work dir {tmp}")
     rows = []
     try:
         for n in sorted(int(x) for x in args.docs.split(",")):
-            rows += run_size(n, args, cluster, tokenizer, tmp)
+            rows += run_size(n, args, tokenizer, tmp)
     finally:
-        cluster.stop(keep_logs=args.keep_logs)
+        if cluster is not None:
+            cluster.stop(keep_logs=args.keep_logs)
 
     sizes = sorted({r["docs"] for r in rows})
     print("\n| documents | stage | wall s | rate | driver peak RSS MiB | object store peak MiB "

@@ -34,12 +34,11 @@ import argparse
 import gzip
 import json
 import os
-import logging
 import tempfile
 import time
 from pathlib import Path
 
-from common import print_ratios, stream_rates
+from common import print_ratios, start_ray, stream_rates
 
 # Ray starts each actor with OMP_NUM_THREADS = its num_cpus (1); the bare engine gets the same
 # environment, or the two sides would run different thread pools under the same settings.
@@ -167,19 +166,14 @@ def main() -> None:
 
     from xling.actors.segments import padding_efficiency, token_batches
     from xling.core.models import resolve_model
-    from xling.core.runtime import start_local_ray
 
     model = resolve_model(a.model)
     pairs = real_sentences(a.sentences, model)
-    import ray.data
-
     with tempfile.TemporaryDirectory() as d:
         b = bare(model, [s for _, s in pairs], a)
-        start_local_ray(a.num_cpus, logging_level=logging.WARNING)
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars, ctx.print_on_execution_start = False, False
+        stop_ray = start_ray(a.num_cpus)
         x = xling_stage(model, write_corpus(Path(d) / "all.jsonl", pairs), a)
-        ray.shutdown()
+        stop_ray()
     n = len(pairs)
     lengths = b["lengths"]
     pad = padding_efficiency(lengths, token_batches(lengths, a.max_batch_tokens,

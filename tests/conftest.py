@@ -46,7 +46,7 @@ SLOW_FIRST = ("test_mirage_study", "test_cross_study", "test_studies", "test_sta
               "test_retrieve", "test_translate", "test_resume", "test_s3_faults",
               "test_two_drivers", "test_llm_stages", "test_bm25",
               "test_cluster_faults", "test_sweep", "test_devstore", "test_localcluster",
-              "test_tiny_models", "test_feature_actors", "test_runner",
+              "test_benchmarks", "test_tiny_models", "test_feature_actors", "test_runner",
               "test_dense", "test_llm_config", "test_study_config", "test_llmclir_texts",
               "test_report")
 

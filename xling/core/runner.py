@@ -570,7 +570,7 @@ class Runner:
         if bar is not self._progress:
             bar.close()
         stream["ended"] = time.time()
-        stream["busy"], stream["span"] = _operator_times(meta)
+        stream["busy"], stream["union"] = _operator_times(meta)
         if os.environ.get("XLING_STREAM_STATS"):  # Ray Data's per-operator times (benchmarks)
             stream["stats"] = meta.stats()
         self.streams.append(stream)
@@ -666,25 +666,42 @@ class Runner:
 
 
 def _operator_times(ds) -> tuple[dict[str, float], dict[str, float]]:
-    """Per operator of a finished pipeline: the seconds spent in its tasks or actor calls
-    (summed over them), and its span (first task start to last task end). A benchmark
-    divides by these to get an actor pool's steady rate; calls that overlap (an async actor
-    runs several batches at once) count once each in the sum, once in the span."""
-    def ops(summary):  # each summary holds its last operators; the earlier ones are parents
-        yield from summary.operators_stats
-        for parent in summary.parents:
+    """Per operator of a finished pipeline: the seconds spent in its tasks or actor calls,
+    summed over them (`busy`), and the seconds in which at least one of them ran (`union`:
+    the union of their intervals, per node, each node's clock being its own). A benchmark
+    divides by these to get an actor pool's steady rate: an async actor runs several batches
+    at once, which the sum counts once per call and the union once."""
+    def ops(stats):  # each stats object holds its last operators; the earlier ones are parents
+        yield from stats.metadata.items()
+        for parent in stats.parents or ():
             yield from ops(parent)
 
-    busy, span = {}, {}
+    busy, union = {}, {}
     try:
-        for op in ops(ds._get_stats_summary()):
-            if op.wall_time:
-                busy[op.operator_name] = round(op.wall_time.sum, 3)
-            if op.earliest_start_time and op.latest_end_time:
-                span[op.operator_name] = round(op.latest_end_time - op.earliest_start_time, 3)
+        for name, blocks in ops(ds._raw_stats()):
+            calls = [(e.node_id, e.start_time_s, e.end_time_s) for e in
+                     (b.exec_stats for b in blocks) if e and e.start_time_s is not None
+                     and e.end_time_s is not None]
+            if calls:
+                busy[name] = round(sum(end - start for _, start, end in calls), 3)
+                union[name] = round(union_seconds(calls), 3)
     except Exception:  # a private Ray Data API: an accounting aid, never a failure
         pass
-    return busy, span
+    return busy, union
+
+
+def union_seconds(intervals) -> float:
+    """The length of the union of (node, start, end) intervals, taken per node."""
+    total, by_node = 0.0, {}
+    for node, start, end in intervals:
+        by_node.setdefault(node, []).append((start, end))
+    for spans in by_node.values():
+        reach = float("-inf")
+        for start, end in sorted(spans):
+            if end > reach:
+                total += end - max(start, reach)
+                reach = end
+    return total
 
 
 def _with_tasks(demand: dict) -> dict:
