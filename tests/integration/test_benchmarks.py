@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,8 @@ def run_main(name: str, argv: list[str], monkeypatch, capsys) -> str:
 
 
 @pytest.fixture
-def bench(monkeypatch, capsys, tiny_models, ray_local):
+def bench(monkeypatch, capsys, tmp_path, tiny_models, ray_local):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the benchmarks' work folders
     return lambda name, *argv: run_main(name, list(argv), monkeypatch, capsys)
 
 
@@ -126,12 +128,13 @@ def test_scale(bench):
     assert all(float(wall) > 0 and int(rate.replace(",", "")) > 0 for _, wall, rate, _ in table)
 
 
-def test_generate(tiny_models, worker_ray):
+def test_generate(tmp_path, tiny_models, worker_ray):
     """vLLM in the benchmark's own process; xling's `generate` joins this test's node."""
     p = subprocess.run([sys.executable, str(BENCH / "generate.py"), "--prompts", "6",
                         "--max-tokens", "8", "--shards", "3", "--max-model-len", "512",
                         "--batch-size", "2"],
-                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+                       capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     print(p.stdout)
     assert_rates(p.stdout, "prompts/s")
