@@ -6,6 +6,7 @@ vLLM's engine owns its process."""
 import json
 import os
 import subprocess
+from pathlib import Path
 import sys
 import textwrap
 
@@ -40,10 +41,13 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_a_hung_vllm_step_fails_the_batch_and_restarts_the_engine(tmp_path):
+def test_a_hung_vllm_step_fails_the_batch_and_restarts_the_engine(tmp_path, tiny_models):
     script = tmp_path / "hang.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, **VLLM_CPU_ENV, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # the script runs in tmp_path: it finds the tiny models where the fixture built them
+    cache = Path(tiny_models["llama_chat"]).resolve().parents[2]
+    env = {**os.environ, **VLLM_CPU_ENV, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "XLING_CACHE": str(cache)}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           env=env, timeout=600, cwd=tmp_path)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("XLING_RESULT ")]
