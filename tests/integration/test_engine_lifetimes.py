@@ -59,19 +59,22 @@ def test_two_engines_that_cannot_coexist_are_never_loaded_together(tiny_models, 
 
     a, b = _m3(tiny_models["bge_m3"]), _m3(tiny_models["bge_m3"], fp16=True)
     assert host_key(a) != host_key(b)
-    order = [("index", [a]), ("retrieve", [b]), ("narrow", [a])]
-    hosts = plan_hosts(order, log=lambda _: None)
+    order = [("index", [a]), ("retrieve", [b]), ("narrow", [b]), ("features", [a])]
+    said: list[str] = []
+    hosts = plan_hosts(order, log=said.append)
     live_counts = []
     with sharing(hosts):
         for stage, specs in order:
             hosts.stage_start(stage)
             for spec in specs:
-                assert _alive(hosts.handles(spec))
+                handles = hosts.handles(spec)
+                assert handles is not None, said  # what the hosts said about not starting
+                assert _alive(handles)
                 live_counts.append(len(hosts.live))
             hosts.stage_done(stage)
     # Two hosts of a CPU each would leave the stages no CPU: one at a time, always.
     assert max(live_counts) == 1
-    # each made room for the other at its next use: a at index and again at narrow
+    # b made a (next used by features) make room; a starts again once b's last use is over
     assert hosts.starts == {host_key(a): 2, host_key(b): 1}
 
 
