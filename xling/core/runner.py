@@ -235,8 +235,8 @@ class Runner:
                     "partition_s": round(first["started"] - t_prepare, 2),
                     "pipeline_s": round(first["first_output"] - first["started"], 2)}
                 startup = (f" (first output after {first['first_output'] - t0:.0f}s: "
-                           f"inputs {first['started'] - t0:.0f}s, pipeline start "
-                           f"{first['first_output'] - first['started']:.0f}s)")
+                           f"{first['started'] - t0:.0f}s before the pipeline (inputs, shared "
+                           f"engines), {first['first_output'] - first['started']:.0f}s in it)")
             self.log(f"[{stage.name}] committed {len(ran)} cell(s): "
                      f"{sum(r.rows for r in ran):,} rows, {sum(r.errors for r in ran):,} errors, "
                      f"{time.time() - t0:.0f}s{startup}, {self._progress.summary()}"
