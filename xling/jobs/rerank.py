@@ -50,15 +50,14 @@ from xling.core.pools import actor_pool, pool_resources
 from xling.core.config import ConfigError
 from xling.core.engines import spec_classes
 from xling.core.hosts import shared_hosts
-from xling.core.cells import RID, Cell, Stage, StageFailed
+from xling.core.cells import RID, Cell, StageFailed
 from xling.core.status import part_files, read_cell
 from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
 from xling.core.store import RunStore
-from xling.jobs.retrieve import TREC_PART
+from xling.jobs.retrieve import RunStage
 from xling.tasks.rerank import (PASSAGE_PREFIX, Candidates, fit_listwise, listwise_rerank,
                                 pairwise_prompt, pairwise_rerank, parse_choice,
                                 parse_passage_token)
-from xling.tasks.runs import hit_counts
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -317,11 +316,8 @@ def _collections(cfg: XlingConfig, up: Cell) -> list[str]:
                    if r.name in names})
 
 
-class RerankStage(Stage):
+class RerankStage(RunStage):
     name = "rerank"
-    id_column = "query_id"
-    part_export = TREC_PART
-    part_counts = staticmethod(hit_counts)
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return rerank_cells(cfg)

@@ -275,11 +275,17 @@ def _qt_cell(cfg: XlingConfig, ts: TopicSet, ql: str, dl: str) -> Cell:
 TREC_PART = (".trec", hits_trec_bytes)  # each part's TREC run, made by its commit task
 
 
-class RetrieveStage(Stage):
-    name = "retrieve"
+class RunStage(Stage):
+    """A stage whose cells are runs (hits rows, by query): retrieve's searches, imports and
+    fusions, and rerank. Each part's TREC run and hit counts are made as it commits."""
+
     id_column = "query_id"
     part_export = TREC_PART
     part_counts = staticmethod(hit_counts)
+
+
+class RetrieveStage(RunStage):
+    name = "retrieve"
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return run_cells(cfg)
@@ -507,13 +513,10 @@ def fusion_cells(cfg: XlingConfig) -> list[Cell]:
     return cells
 
 
-class FusionStage(Stage):
+class FusionStage(RunStage):
     """Fused runs (RRF, interpolation), read from the committed cells of the runs they fuse."""
 
     name = "retrieve"
-    id_column = "query_id"
-    part_export = TREC_PART
-    part_counts = staticmethod(hit_counts)
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return fusion_cells(cfg)
@@ -549,15 +552,12 @@ class FusionStage(Stage):
         return export_trec(store, cell)
 
 
-class ImportStage(Stage):
+class ImportStage(RunStage):
     """Imported runs (`retrieve.runs[].trec`): a TREC file's hits for a pair's queries, cut
     to retrieve.depth, as a retrieve cell (so fusion, rerank and evaluate read it as they
     read a search's)."""
 
     name = "retrieve"
-    id_column = "query_id"
-    part_export = TREC_PART
-    part_counts = staticmethod(hit_counts)
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         return import_cells(cfg)
