@@ -161,7 +161,7 @@ def _run_plan(cfgs: list[XlingConfig], stages: list[str], args) -> int:
                       f"{store.url('report/summary.md')}")
                 continue
             for node in plan.of(name):
-                if not node.runs or node.cell.id not in {c.id for c in plan.run_cells(name)}:
+                if not node.runs or node.after:  # an after_run cell is not in the pipeline
                     continue
                 c = runner.describe(node.cell, inputs=node.inputs)
                 print(f"[{name}] {c['cell']}: {c['state']} ({c['shards_done']}/{c['n_shards']} "
