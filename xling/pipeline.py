@@ -36,14 +36,15 @@ def stage_registry() -> dict:
     from xling.jobs.narrow import NarrowStage
     from xling.jobs.rerank import RerankStage
     from xling.jobs.retrieve import RetrieveStage
-    from xling.jobs.study import StudyFeaturesStage, StudyGenerateStage, StudyJudgeStage
+    from xling.jobs.features import FeaturesStage
+    from xling.jobs.generate import GenerateStage
+    from xling.jobs.judge import JudgeStage
     from xling.jobs.translate import TranslateStage
 
-    # generate and judge come with the study glue: plain prompt files work through it too.
     return {"ingest": IngestStage, "translate": TranslateStage, "index": IndexStage,
             "retrieve": RetrieveStage, "rerank": RerankStage, "narrow": NarrowStage,
-            "generate": StudyGenerateStage,
-            "features": StudyFeaturesStage, "judge": StudyJudgeStage, "evaluate": EvaluateStage}
+            "generate": GenerateStage,
+            "features": FeaturesStage, "judge": JudgeStage, "evaluate": EvaluateStage}
 
 
 def is_driver_stage(stage_cls) -> bool:

@@ -8,7 +8,7 @@ from the fixture Parquet in the hub layouts, without generate, features or arena
 The formulas (BT against choix and sklearn, R², tau, citation MAP against pytrec_eval,
 BLEU against sacrebleu) are checked in test_mirage_tasks.py; here the point is that the
 stages compose into the paper's leaderboards, failures are counted rows, and a repeated
-run killed in the features stage and in the arena, resumed, asks nothing twice.
+run killed in the arena, resumed, asks nothing twice.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from xling.core.store import RunStore
 ROOT = Path(__file__).resolve().parents[2]
 
 def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models, ray_local):
-    """The study from its config, with the driver SIGKILLed twice on the way: once while the
-    features stage commits and once while the arena (judge stage) commits, each time rerun.
-    No LLM prompt is asked twice (the server counts each (model, prompt)), every scored row
-    and judgment is there exactly once, and the leaderboards come out."""
+    """The study from its config, with the driver SIGKILLed while the arena (judge stage)
+    commits, and rerun. No LLM prompt is asked twice (the server counts each (model,
+    prompt)), every scored row and judgment is there exactly once, and the leaderboards come
+    out. (A kill in another stage resumes the same way: tests/faults/test_stage_kills.py.)"""
     if "nli_deberta" not in tiny_models or "xlmr_reranker" not in tiny_models:
         pytest.skip("tiny NLI / reranker models not built (xling models tiny)")
     run_root = f"s3://xling-test/mirage-{int(time.time() * 1000)}"
@@ -54,16 +54,15 @@ def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models, ray_local):
         server.reply_fn = lambda prompt, model: (
             generator_reply(prompt, model) if model in STRENGTH else judge_reply(prompt, model))
         args = ["run", "--config", str(cfg), *mirage_overrides(run_root, server.url),
-                "features.shards=4", "judge.shards=4"]
-        slow = {"XLING_FAULT_COMMIT_DELAY": "0.7"}  # so that the kills land mid-stage
-        for stage, cells in (("features", 2 * 5), ("judge", 2)):
-            proc = xling(*args, "--no-progress", env=slow, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT)
-            # the first run generates with the tiny vLLM model before its features start
-            kill_after_commits(proc, store, stage, n=1, timeout=600)
-            committed = sum("/_shards/" in rel for rel in store.list(stage))
-            assert 1 <= committed < cells * 4, "the kill should land mid-stage"
-        out = ok_here(*args)  # the resume, in this process (the killed runs were the CLI's)
+                "judge.shards=4"]
+        # Commits slowed so that the kill lands mid-arena; the run generates with the tiny
+        # vLLM model and scores its features before the arena starts.
+        proc = xling(*args, "--no-progress", env={"XLING_FAULT_COMMIT_DELAY": "0.7"},
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        kill_after_commits(proc, store, "judge", n=1, timeout=600)
+        committed = sum("/_shards/" in rel for rel in store.list("judge"))
+        assert 1 <= committed < 2 * 4, "the kill should land mid-stage"
+        out = ok_here(*args)  # the resume, in this process (the killed run was the CLI's)
         asked = {k: n for k, n in server.seen.items() if k[0] in ("pointwise", "arena")}
         assert asked and max(asked.values()) == 1, "an LLM prompt was asked twice"
         # 2 languages x 4 models

@@ -856,7 +856,7 @@ def test_citation_table_beside_the_papers_fig4_numbers(opts):
 
 
 def test_the_study_delegates_to_its_modules(opts):
-    assert STUDY.name == "bordirlines" and STUDY.requires == {}
+    assert STUDY.name == "bordirlines" and STUDY.required_sections(opts) == {}
     assert set(STUDY.parsers()) == {"bordirlines_direct", "bordirlines_citation"}
     assert STUDY.parser_for("rel_langs-citation") == "bordirlines_citation"
     assert STUDY.input_files(opts) == input_files(opts)

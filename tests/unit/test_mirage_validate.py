@@ -155,7 +155,7 @@ def test_the_features_manifest_records_the_wording(tmp_path, wording):
     import pyarrow as pa
 
     from xling.core.store import RunStore
-    from xling.jobs.study import StudyFeaturesStage
+    from xling.jobs.features import FeaturesStage
 
     store = RunStore(str(tmp_path))
     store.write_parquet("cell/part-00000.parquet",
@@ -168,5 +168,5 @@ def test_the_features_manifest_records_the_wording(tmp_path, wording):
     cell = SimpleNamespace(dir="cell", key={"scorer": "llm", "lang": "en"},
                            params={"options": options})
     cfg = SimpleNamespace(study=SimpleNamespace(task="mirage", options=options))
-    out = StudyFeaturesStage().finalize(cell, cfg, store)
+    out = FeaturesStage().finalize(cell, cfg, store)
     assert out["feature_prompts"] == wording and out["scored"]["rows"] == 1

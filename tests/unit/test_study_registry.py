@@ -17,8 +17,8 @@ from golden_plan import ROOT, _local
 from xling.studies import base
 from xling.studies.registry import NAMES, STUDIES, find_parser, get_study
 
-CAPABILITIES = (base.Translated, base.Narrowed, base.Judged, base.PairJudged, base.Featured,
-                base.Ranked)
+CAPABILITIES = (base.Generative, base.Translated, base.Narrowed, base.Judged, base.PairJudged,
+                base.Featured, base.Ranked)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -31,6 +31,10 @@ def test_study_implements_the_interface(name):
             for method in cap.__abstractmethods__:
                 assert getattr(type(study), method) is not getattr(cap, method), (name, method)
     assert get_study(name) is study  # one instance per process
+    # a study is either generative or ranked, and a ranked one stubs no generative step
+    assert isinstance(study, base.Generative) != isinstance(study, base.Ranked), name
+    if isinstance(study, base.Ranked):
+        assert not hasattr(study, "build_prompts") and not hasattr(study, "score"), name
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -47,7 +51,7 @@ def test_options_are_a_documented_json_schema(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_parsers_resolve_and_prompt_files_load(name):
     study = get_study(name)
-    for parser, fn in study.parsers().items():
+    for parser, fn in (study.parsers() if isinstance(study, base.Generative) else {}).items():
         assert find_parser(parser) is fn
         parsed, error = fn("")  # an empty output is an error row, never an exception
         assert parsed is None or isinstance(parsed, dict)
@@ -78,10 +82,9 @@ def test_each_configs_prompt_sets_name_known_parsers(path, monkeypatch):
         data["study"]["options"]["langs"] = ["en", "sw"]  # the fixture's languages
     study = get_study(data["study"]["task"])
     opts = study.validate_options(data["study"].get("options"))
-    sets = study.prompt_sets(opts)
     if isinstance(study, base.Ranked):  # scored by the evaluate stage's IR cells
-        assert sets == [] and study.input_files(opts) == []
         return
+    sets = study.prompt_sets(opts)
     assert sets and all(isinstance(s, base.PromptSet) for s in sets)
     for s in sets:
         find_parser(study.parser_for(s.setting))

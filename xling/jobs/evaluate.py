@@ -44,7 +44,10 @@ from xling.core.config import ConfigError, NoHash, Strict, hashable
 from xling.core.cells import Cell, DriverStage
 from xling.core.status import TABLE, read_cell
 from xling.core.store import RunStore
-from xling.studies.base import Ranked
+from xling.jobs.features import FeaturesStage
+from xling.jobs.generate import study_generations
+from xling.jobs.judge import JudgeStage
+from xling.studies.base import Generative, Ranked
 from xling.studies.registry import get_study
 from xling.tasks.tables import fmt
 
@@ -157,10 +160,8 @@ def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
         raise ConfigError("evaluate scores the retrieve stage's runs or a study's generations: "
                           "add a `retrieve:` or a `study:` section")
     cells = []
-    if cfg.study is not None and not isinstance(get_study(cfg.study.task), Ranked):
-        from xling.jobs.study import evaluate_cell as study_cell
-
-        cells.append(study_cell(cfg))
+    if cfg.study is not None and isinstance(get_study(cfg.study.task), Generative):
+        cells.append(study_evaluate_cell(cfg))
     if cfg.retrieve is None:
         return cells
     if cfg.evaluate.tables:
@@ -201,6 +202,27 @@ def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
             cells.append(Cell("evaluate", {"topics": topics, "qlang": ql, "doc_lang": dl},
                               params, inputs=[qrels, *external.values()], n_shards=1))
     return cells
+
+
+def study_evaluate_cell(cfg: XlingConfig) -> Cell:
+    """The evaluate stage's one cell for the study: every generation (and judgment, and
+    scored feature) of it; with published inputs (`source: published`), those files."""
+    study = get_study(cfg.study.task)
+    ran = cfg.generate is not None and bool(study.prompt_sets(cfg.study.options))
+    gens = [c.dir for c in study_generations(cfg)] if ran else []
+    judged = [c.dir for c in JudgeStage().cells(cfg)] if ran and cfg.judge else []
+    scored = [c.dir for c in FeaturesStage().cells(cfg)] if ran and cfg.features else []
+    files = study.input_files(cfg.study.options) if not gens else []
+    labels = cfg.evaluate.labels
+    params = {"generations": gens, "judgments": judged, "options": cfg.study.options,
+              "language_check": bool(cfg.judge and cfg.judge.language_check
+                                     and JudgeStage().scope(cfg) == "generation"),
+              "labels": labels}
+    if scored:
+        params["features"] = scored
+    return Cell("evaluate", {"study": cfg.study.task}, params,
+                inputs=[*gens, *judged, *scored, *files, *([labels] if labels else [])],
+                n_shards=1)
 
 
 class EvaluateStage(DriverStage):

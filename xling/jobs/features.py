@@ -26,13 +26,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from xling.core.config import NoHash, Parallelism, Strict, hashable
+from xling.core.config import ConfigError, NoHash, Parallelism, Strict, hashable
 from xling.core.llm import LLMSpec, SamplingSpec, check_model, engine_params, generate_pool
 from xling.core.models import resolve_model
 from xling.core.pools import LIGHT_CPUS, actor_pool, pool_resources
 from xling.core.cells import CELL, RID, Cell, Stage
 from xling.core.status import part_files, read_rows
 from xling.core.store import RunStore
+from xling.jobs.generate import study_generations
+from xling.jobs.study import study_of
 from xling.studies.base import Featured
 from xling.studies.registry import get_study
 
@@ -87,18 +89,21 @@ _EXTRA = (RID, "_shard", CELL)
 
 
 class FeaturesStage(Stage):
-    """Scores a study's generations; which generations comes from `generation_cells` and
-    what is asked of them from the study (jobs/study.py provides both, through the Study interface)."""
+    """Scores the study's generations with the study's scorers (a `Featured` study), through
+    the Study interface."""
 
     name = "features"
     id_column = "input_id"
 
     def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
-        raise NotImplementedError("the features stage scores a study's generations "
-                                  "(jobs/study.py's StudyFeaturesStage)")
+        return study_generations(cfg)
 
     def study(self, cfg: XlingConfig) -> Featured:
-        raise NotImplementedError
+        study = study_of(cfg)
+        if not isinstance(study, Featured):
+            raise ConfigError(f"features: study '{cfg.study.task}' scores no features; remove "
+                              "the `features:` section")
+        return study
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         study, opts, fc = self.study(cfg), cfg.study.options, cfg.features

@@ -35,6 +35,8 @@ from xling.core.cells import RID, Cell
 from xling.core.status import part_files
 from xling.core.sources import _open, list_files
 from xling.core.store import RunStore
+from xling.jobs.study import prompt_rows as study_prompt_rows
+from xling.jobs.study import prompt_sets as study_prompt_sets
 from xling.tasks.prompts import iter_prompt_lines, prompt_row, prompt_table
 
 if TYPE_CHECKING:
@@ -86,11 +88,15 @@ class GenerateStage(LLMStage):
     name = "generate"
 
     def prompt_sets(self, cfg: XlingConfig) -> list[tuple[dict, dict, list[str]]]:
-        """(cell key, prompts params, input files) of each prompt set: here the files under
-        generate.prompts; the study glue (jobs/study.py) adds the study's sets."""
-        return [({"prompts": ps.name}, {"path": ps.path, "parser": ps.parser},
+        """(cell key, prompts params, input files) of each prompt set: the files under
+        generate.prompts, then the study's sets (jobs/study.py)."""
+        sets = [({"prompts": ps.name}, {"path": ps.path, "parser": ps.parser},
                  list_files(ps.path, where=f"generate.prompts[{i}]"))
                 for i, ps in enumerate(cfg.generate.prompts)]
+        for ps in study_prompt_sets(cfg) if cfg.study is not None else []:
+            sets.append(({"study": ps["study"], "setting": ps["setting"], "lang": ps["lang"]},
+                         {k: v for k, v in ps.items() if k != "files"}, ps["files"]))
+        return sets
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         gc = cfg.generate
@@ -119,6 +125,8 @@ class GenerateStage(LLMStage):
 
     def prompt_rows(self, cell: Cell, cfg: XlingConfig) -> pa.Table:
         """The cell's prompt rows (tasks/prompts.py's schema); bad lines are error rows."""
+        if "study" in cell.params["prompts"]:
+            return study_prompt_rows(cfg, cell.params["prompts"])
         tables = []
         for path in cell.inputs:
             if path.endswith(".parquet"):
@@ -152,3 +160,8 @@ class GenerateStage(LLMStage):
             "truncated": int(pc.sum(pc.is_valid(t["truncated_from"])).as_py() or 0),
             "prompt_tokens": int(pc.sum(t["n_prompt_tokens"]).as_py() or 0),
             "output_tokens": int(pc.sum(t["n_output_tokens"]).as_py() or 0)}}
+
+
+def study_generations(cfg: XlingConfig) -> list[Cell]:
+    """The generate cells of the study's prompt sets (what judge, features and evaluate read)."""
+    return [c for c in GenerateStage().cells(cfg) if "study" in c.params["prompts"]]

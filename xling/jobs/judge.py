@@ -1,8 +1,8 @@
 """`judge` stage: a panel of LLM judges over a study's generations -> judgments rows.
 
 One cell per (generate cell, judge); or, for a study that judges pairs of systems (an arena,
-`JUDGE_SCOPE = "pairs"` in its tasks/ module), one cell per (setting, language, judge) that
-sees every model's generations and asks one prompt per pair (`pair_rows`). Judges are LLM entries like generate's models (vLLM or
+a `PairJudged` study), one cell per (setting, language, judge) that sees every model's
+generations and asks one prompt per pair (`pair_rows`). Judges are LLM entries like generate's models (vLLM or
 an OpenAI-compatible endpoint, mixed freely); judges that load the same engine share one
 actor pool, and every judgment is cached like a generation (core/llm.py), so adding a judge
 to a panel or rerunning a killed job asks only what was not asked yet.
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, model_validator
 
-from xling.core.config import NoHash, Strict
+from xling.core.config import ConfigError, NoHash, Strict
 from xling.core.pools import LIGHT_CPUS
 from xling.core.llm import (
     LLMSpec,
@@ -39,6 +39,9 @@ from xling.core.llm import (
 from xling.core.cells import CELL, RID, Cell
 from xling.core.status import part_files, read_rows
 from xling.core.store import RunStore
+from xling.jobs.generate import study_generations
+from xling.jobs.study import study_of
+from xling.studies.base import Judged, PairJudged, judge_scope
 from xling.tasks.prompts import built_prompt_table
 
 if TYPE_CHECKING:
@@ -81,26 +84,35 @@ JUDGMENTS = pa.schema([
 
 
 class JudgeStage(LLMStage):
-    """Judges the generations of `generation_cells(cfg)`; what a judge is asked about each
-    generation comes from `judge_rows`. The study glue (jobs/study.py) provides both, so this
-    stage knows no study."""
+    """Judges the study's generations with the study's judge prompts: each generation alone
+    (`Judged`) or each pair of models on an item (`PairJudged`). It reaches the study only
+    through the Study interface."""
 
     name = "judge"
     label_key = "judge"
 
     def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
-        raise NotImplementedError("the judge stage judges a study's generations "
-                                  "(jobs/study.py's StudyJudgeStage)")
+        return study_generations(cfg)
+
+    def judged(self, cfg: XlingConfig) -> Judged | PairJudged:
+        study = study_of(cfg)
+        if not isinstance(study, (Judged, PairJudged)):
+            raise ConfigError(f"judge: study '{cfg.study.task}' has no judge prompts; remove the "
+                              "`judge:` section")
+        return study
 
     def judge_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
-        raise NotImplementedError
+        return self.judged(cfg).judge_rows(cell.params["options"], gens)
+
+    def pair_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
+        return self.judged(cfg).pair_rows(cell.params["options"], gens)
 
     def scope(self, cfg: XlingConfig) -> str:
         """"generation" (each generation judged alone) or "pairs" (pairs of models)."""
-        return "generation"
+        return judge_scope(study_of(cfg))
 
     def parser(self, cfg: XlingConfig) -> str:
-        return "verdict"
+        return self.judged(cfg).judge_parser(cfg.study.options)
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
         jc = cfg.judge
@@ -145,9 +157,6 @@ class JudgeStage(LLMStage):
             self.judge_rows(cfg, cell, gens)
         t = built_prompt_table(rows, where=cell.key["setting"])
         return ray.data.from_arrow(t.append_column(RID, t["item_id"]))
-
-    def pair_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
-        raise NotImplementedError
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         ds = generate_pool(ds, cfg.run_root, {s.label: s for s in cfg.judge.judges},

@@ -19,13 +19,10 @@ from xling.core.config import ConfigError, Strict
 from xling.core.cells import Cell
 from xling.core.status import read_rows, require_done
 from xling.core.store import RunStore
-from xling.jobs.features import FeaturesStage
-from xling.jobs.generate import GenerateStage
-from xling.jobs.judge import JudgeStage
 from xling.jobs.narrow import NarrowStage, narrow_cell, read_selections
 from xling.jobs.translate import TranslateStage, translate_cell
-from xling.studies.base import (Evidence, Featured, Judged, Narrowed, PairJudged, Study,
-                                StudyInputs, Translated, judge_scope)
+from xling.studies.base import (Evidence, Generative, Judged, Narrowed, Study, StudyInputs,
+                                Translated)
 from xling.studies.registry import NAMES, get_study
 
 if TYPE_CHECKING:
@@ -90,6 +87,8 @@ def prompt_sets(cfg: XlingConfig) -> list[dict]:
     from xling.core.cells import StageFailed
 
     study, opts = study_of(cfg), cfg.study.options
+    if not isinstance(study, Generative):
+        return []  # a Ranked study's LLM calls are the rerank stage's
     files = study.input_files(opts)
     out = []
     for pset in study.prompt_sets(opts):
@@ -160,87 +159,6 @@ STUDY_METRICS = pa.schema([("study", pa.string()), ("setting", pa.string()), ("l
                            ("model", pa.string()), ("metric", pa.string()),
                            ("value", pa.float64()), ("ci_low", pa.float64()),
                            ("ci_high", pa.float64()), ("n", pa.int64())])
-
-
-class StudyGenerateStage(GenerateStage):
-    """The generate stage with the study's prompt sets added to generate.prompts' files."""
-
-    def prompt_sets(self, cfg: XlingConfig) -> list[tuple[dict, dict, list[str]]]:
-        sets = super().prompt_sets(cfg)
-        for ps in prompt_sets(cfg) if cfg.study is not None else []:
-            sets.append(({"study": ps["study"], "setting": ps["setting"], "lang": ps["lang"]},
-                         {k: v for k, v in ps.items() if k != "files"}, ps["files"]))
-        return sets
-
-    def prompt_rows(self, cell: Cell, cfg: XlingConfig) -> pa.Table:
-        if "study" in cell.params["prompts"]:
-            return prompt_rows(cfg, cell.params["prompts"])
-        return super().prompt_rows(cell, cfg)
-
-
-def study_generations(cfg: XlingConfig) -> list[Cell]:
-    return [c for c in StudyGenerateStage().cells(cfg) if "study" in c.params["prompts"]]
-
-
-class StudyJudgeStage(JudgeStage):
-    """The judge stage over the study's generations, with the study's judge prompts."""
-
-    def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
-        return study_generations(cfg)
-
-    def judged(self, cfg: XlingConfig) -> Judged | PairJudged:
-        study = study_of(cfg)
-        if not isinstance(study, (Judged, PairJudged)):
-            raise ConfigError(f"judge: study '{cfg.study.task}' has no judge prompts; remove the "
-                              "`judge:` section")
-        return study
-
-    def judge_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
-        return self.judged(cfg).judge_rows(cell.params["options"], gens)
-
-    def scope(self, cfg: XlingConfig) -> str:
-        return judge_scope(study_of(cfg))
-
-    def parser(self, cfg: XlingConfig) -> str:
-        return self.judged(cfg).judge_parser(cfg.study.options)
-
-    def pair_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
-        return self.judged(cfg).pair_rows(cell.params["options"], gens)
-
-
-class StudyFeaturesStage(FeaturesStage):
-    """The features stage over the study's generations, with the study's scorers."""
-
-    def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
-        return study_generations(cfg)
-
-    def study(self, cfg: XlingConfig) -> Featured:
-        study = study_of(cfg)
-        if not isinstance(study, Featured):
-            raise ConfigError(f"features: study '{cfg.study.task}' scores no features; remove "
-                              "the `features:` section")
-        return study
-
-
-def evaluate_cell(cfg: XlingConfig) -> Cell:
-    """The evaluate stage's one cell for the study: every generation (and judgment, and
-    scored feature) of it; with published inputs (`source: published`), those files."""
-    study = study_of(cfg)
-    ran = cfg.generate is not None and bool(study.prompt_sets(cfg.study.options))
-    gens = [c.dir for c in study_generations(cfg)] if ran else []
-    judged = [c.dir for c in StudyJudgeStage().cells(cfg)] if ran and cfg.judge else []
-    scored = [c.dir for c in StudyFeaturesStage().cells(cfg)] if ran and cfg.features else []
-    files = study.input_files(cfg.study.options) if not gens else []
-    labels = cfg.evaluate.labels
-    params = {"generations": gens, "judgments": judged, "options": cfg.study.options,
-              "language_check": bool(cfg.judge and cfg.judge.language_check
-                                     and StudyJudgeStage().scope(cfg) == "generation"),
-              "labels": labels}
-    if scored:
-        params["features"] = scored
-    return Cell("evaluate", {"study": cfg.study.task}, params,
-                inputs=[*gens, *judged, *scored, *files, *([labels] if labels else [])],
-                n_shards=1)
 
 
 def detect_languages(study: Judged, opts: dict, gens: list[dict]) -> tuple[dict, dict]:

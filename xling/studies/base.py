@@ -16,13 +16,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
 Opts = Mapping[str, Any]
 Rows = list[dict]
-Parser = Any  # Callable[[str], tuple[dict | None, str | None]]
+# an output parser: the model's text -> (the parsed fields, or None and the reason)
+Parser = Callable[[str], tuple[dict | None, str | None]]
 
 
 class StudyOptions(BaseModel):
@@ -52,7 +53,9 @@ class Rendered:
 
 
 class Study(ABC):
-    """A paper as data. Subclasses set `name`, `Options` and `paper`, and implement the steps.
+    """A paper as data: its name, options and required config sections. What it does is
+    declared by capabilities (below): `Generative` (prompts, scoring, tables) and those
+    built on it, or `Ranked` (tables over the retrieve and rerank runs).
 
     Every step takes `opts`, the validated options dict, so one instance serves any config.
     """
@@ -60,10 +63,6 @@ class Study(ABC):
     name: ClassVar[str]
     Options: ClassVar[type[StudyOptions]]
     paper: ClassVar[str] = ""  # the paper's title, for the report
-    # generation columns beyond the common ones that `score` reads
-    score_columns: ClassVar[tuple[str, ...]] = ()
-    # config sections this study needs, with the reason shown when one is missing
-    requires: ClassVar[dict[str, str]] = {}
 
     def validate_options(self, raw: Mapping | None) -> dict:
         """`study.options` -> the options dict; raises pydantic's ValidationError."""
@@ -75,8 +74,62 @@ class Study(ABC):
         fix (shown as one config error). Nothing by default."""
 
     def required_sections(self, opts: Opts) -> dict[str, str]:
-        """Config sections these options need -> why (config.py checks them)."""
-        return dict(self.requires)
+        """Config sections these options need -> why, shown when one is missing (config.py
+        checks them, at `xling validate`). None by default."""
+        return {}
+
+    def read_documents(self, fmt: str, stream, *, lang: str, source: str):
+        """Document rows (tasks/corpora.py's schema) of a corpus file in one of this study's
+        own formats (registry.DOCUMENT_FORMATS), read incrementally."""
+        raise ValueError(f"study {self.name!r} reads no document format {fmt!r}")
+
+    def prompt_files(self) -> list[Path]:
+        """The prompt template files this study ships (checked to load by the tests)."""
+        return []
+
+    def load_prompt_files(self) -> None:
+        """Read and check every prompt file; raises on one that is missing or malformed."""
+        import yaml
+
+        for path in self.prompt_files():
+            text = Path(path).read_text("utf-8")
+            if Path(path).suffix in (".yaml", ".yml"):
+                if not isinstance(yaml.safe_load(text), dict):
+                    raise ValueError(f"{path}: not a mapping of prompt templates")
+
+
+@dataclass
+class StudyInputs:
+    """What upstream stages made for a prompt set: translations (doc id -> English text)
+    for a `Translated` setting, the narrow stage's selections for a `Narrowed` one."""
+
+    translations: dict[str, str] | None = None
+    # doc id -> the language check's finding on a translation made anyway (lang_check: flag)
+    translation_flags: dict[str, str] | None = None
+    # (context id, query language) -> the narrow stage's selection row (its `order`...)
+    selections: dict[tuple[str, str], dict] | None = None
+
+
+@dataclass
+class Evidence:
+    """Everything beside the generations that `score` may read."""
+
+    judgments: Rows | None = None
+    labels: str | None = None  # evaluate.labels: human labels for the judge panel's kappa
+    detected: dict | None = None  # (setting, lang, model, item_id) -> detected language
+    features: Rows | None = None  # the features stage's scored rows
+
+
+# ---------------------------------------------------------------------------------------
+# capabilities: a study declares one by subclassing it
+
+
+class Generative(Study):
+    """The study builds prompt sets for the generate stage and scores the generations into
+    the paper's items, metrics and tables (the evaluate stage's study cell)."""
+
+    # generation columns beyond the common ones that `score` reads
+    score_columns: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def prompt_sets(self, opts: Opts) -> list[PromptSet]:
@@ -108,52 +161,8 @@ class Study(ABC):
     def render(self, opts: Opts, items: Rows, metrics: Rows) -> Rendered:
         """The paper's tables and plots from the items and metrics."""
 
-    def read_documents(self, fmt: str, stream, *, lang: str, source: str):
-        """Document rows (tasks/corpora.py's schema) of a corpus file in one of this study's
-        own formats (registry.DOCUMENT_FORMATS), read incrementally."""
-        raise ValueError(f"study {self.name!r} reads no document format {fmt!r}")
 
-    def prompt_files(self) -> list[Path]:
-        """The prompt template files this study ships (checked to load by the tests)."""
-        return []
-
-    def load_prompt_files(self) -> None:
-        """Read and check every prompt file; raises on one that is missing or malformed."""
-        import yaml
-
-        for path in self.prompt_files():
-            text = Path(path).read_text("utf-8")
-            if Path(path).suffix in (".yaml", ".yml"):
-                if not isinstance(yaml.safe_load(text), dict):
-                    raise ValueError(f"{path}: not a mapping of prompt templates")
-
-
-@dataclass
-class StudyInputs:
-    """What upstream stages made for a prompt set: translations (doc id -> English text)
-    for a `Translated` setting, the narrow stage's selections for a `Narrowed` one."""
-
-    translations: dict[str, str] | None = None
-    # doc id -> the language check's finding on a translation made anyway (lang_check: flag)
-    translation_flags: dict[str, str] | None = None
-    selections: Any = None
-
-
-@dataclass
-class Evidence:
-    """Everything beside the generations that `score` may read."""
-
-    judgments: Rows | None = None
-    labels: str | None = None  # evaluate.labels: human labels for the judge panel's kappa
-    detected: dict | None = None  # (setting, lang, model, item_id) -> detected language
-    features: Rows | None = None  # the features stage's scored rows
-
-
-# ---------------------------------------------------------------------------------------
-# capabilities: a study declares one by subclassing it
-
-
-class Translated(Study):
+class Translated(Generative):
     """Some settings read documents machine-translated by the translate stage."""
 
     @abstractmethod
@@ -164,7 +173,7 @@ class Translated(Study):
         return opts["translations"]
 
 
-class Narrowed(Study):
+class Narrowed(Generative):
     """The narrow stage ranks the study's sentences (CROSS)."""
 
     @abstractmethod
@@ -197,7 +206,7 @@ class Narrowed(Study):
         return {}
 
 
-class Judged(Study):
+class Judged(Generative):
     """A judge panel rates each generation."""
 
     @abstractmethod
@@ -212,7 +221,7 @@ class Judged(Study):
         English)."""
 
 
-class PairJudged(Study):
+class PairJudged(Generative):
     """A judge compares the generations of two models on the same item."""
 
     @abstractmethod
@@ -222,7 +231,7 @@ class PairJudged(Study):
     def judge_parser(self, opts: Opts) -> str: ...
 
 
-class Featured(Study):
+class Featured(Generative):
     """The features stage scores the generations (lexical, langid, NLI, reranker, LLM)."""
 
     @abstractmethod
@@ -256,30 +265,7 @@ class Featured(Study):
 class Ranked(Study):
     """An IR study: its systems are the retrieve and rerank stages' runs, scored by the
     evaluate stage's cells against qrels; the study renders the paper's tables across those
-    cells. It builds no prompts of its own (its LLM calls are the rerank stage's), so the
-    generative steps are empty and the evaluate stage makes no study cell for it."""
-
-    def prompt_sets(self, opts: Opts) -> list[PromptSet]:
-        return []
-
-    def input_files(self, opts: Opts) -> list[str]:
-        return []
-
-    def parser_for(self, setting: str) -> str:
-        raise ValueError(f"study {self.name!r} generates nothing: it has no settings")
-
-    def parsers(self) -> dict[str, Parser]:
-        return {}
-
-    def build_prompts(self, opts: Opts, setting: str, lang: str, *,
-                      inputs: StudyInputs) -> Rows:
-        raise ValueError(f"study {self.name!r} builds no prompts")
-
-    def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
-        return [], []
-
-    def render(self, opts: Opts, items: Rows, metrics: Rows) -> Rendered:
-        return Rendered("", {})
+    cells. It builds no prompts of its own (its LLM calls are the rerank stage's)."""
 
     @abstractmethod
     def render_runs(self, opts: Opts, tables: list, *, expected: Mapping | None,

@@ -50,11 +50,13 @@ def names_with(capability: type) -> list[str]:
 @cache
 def all_parsers() -> dict:
     """Every output parser by name: the generic ones (tasks/parsers.py) and each study's."""
+    from xling.studies.base import Generative
     from xling.tasks.parsers import PARSERS
 
     out = dict(PARSERS)
     for name in NAMES:
-        for parser, fn in get_study(name).parsers().items():
+        study = get_study(name)
+        for parser, fn in (study.parsers() if isinstance(study, Generative) else {}).items():
             if parser in out and out[parser] is not fn:
                 raise ValueError(f"study {name!r} registers parser {parser!r}, which exists")
             out[parser] = fn

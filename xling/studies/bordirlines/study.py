@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from xling.studies.base import Evidence, Opts, PromptSet, Rendered, Rows, Study, StudyInputs
+from xling.studies.base import Evidence, Generative, Opts, PromptSet, Rendered, Rows, StudyInputs
 from xling.studies.bordirlines import data, parse
 from xling.studies.bordirlines.options import STUDY, Options, settings
 
 
-class BordIRLines(Study):
+class BordIRLines(Generative):
     """Which country owns a disputed territory, asked in each claimant's language and in
     English, with the hub's retrieved Wikipedia passages (no judge: the answers are
     multiple-choice; no translate stage: the passages are read in their languages)."""
@@ -22,8 +22,6 @@ class BordIRLines(Study):
                             "Sensitive Tasks (BordIRLines; Li et al., arXiv:2410.01171)")
     # The study reads its data (queries, hits, passages) from study.options alone: it needs
     # no translate, narrow or judge section.
-    requires: ClassVar[dict[str, str]] = {}
-
     def prompt_sets(self, opts: Opts) -> list[PromptSet]:
         """One set per (setting, query language): settings ``<mode>-<prompt>``."""
         return [PromptSet(setting, lang) for setting in settings(opts) for lang in opts["langs"]]

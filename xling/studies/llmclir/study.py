@@ -4,7 +4,7 @@ stage's IR cells; the study renders the paper's tables across those cells."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Mapping
+from typing import Mapping
 
 from xling.studies.base import Opts, Ranked
 from xling.tasks.irmetrics import RunTable
@@ -17,11 +17,12 @@ class LLMCLIR(Ranked):
     name = "llmclir"
     Options = Options
     paper = "LLM-based Cross-Lingual Information Retrieval: reranking (Zuo et al.)"
-    requires: ClassVar[dict[str, str]] = {
-        "retrieve": "study 'llmclir' renders the tables of the retrieve (and rerank) stage's "
-                    "runs: add a `retrieve:` section",
-        "evaluate": "study 'llmclir' renders the evaluate stage's cells: add an `evaluate:` "
-                    "section (its metrics are the tables' measures)"}
+
+    def required_sections(self, opts: Opts) -> dict[str, str]:
+        return {"retrieve": "study 'llmclir' renders the tables of the retrieve (and rerank) "
+                            "stage's runs: add a `retrieve:` section",
+                "evaluate": "study 'llmclir' renders the evaluate stage's cells: add an "
+                            "`evaluate:` section (its metrics are the tables' measures)"}
 
     def prompt_files(self) -> list[Path]:
         from xling.tasks import rerank
