@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import socket
 import uuid
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -57,17 +57,23 @@ def _tag_cell(batch: pa.Table, *, index: int) -> pa.Table:
     return batch.append_column(CELL, pa.array([index] * batch.num_rows, pa.int64()))
 
 
-def _tag_rows(batch: pa.Table, *, cell: int, shard_of_file: dict[str, int],
-              adapt=None) -> pa.Table:
-    """Partition rows -> the stage's input rows, with their cell and shard."""
-    paths = pc.unique(batch["path"])
-    shards = pc.take(pa.array([shard_of_file[p] for p in paths.to_pylist()], pa.int64()),
-                     pc.index_in(batch["path"], value_set=paths))
+def _tag_rows(batch: pa.Table, *, targets: dict[str, list[tuple[int, int]]],
+              adapt: dict[int, Any]) -> pa.Table:
+    """Partition rows -> the stage's input rows, with their cell and shard: a file's rows
+    once for each (cell, shard) that reads it, each through its cell's `adapt`."""
+    paths = batch["path"]
     batch = batch.drop_columns([c for c in ("path", CELL, SHARD) if c in batch.column_names])
-    if adapt is not None:
-        batch = adapt(batch)
-    return batch.append_column(SHARD, shards).append_column(
-        CELL, pa.array(np.full(batch.num_rows, cell), pa.int64()))
+    if batch.num_rows == 0:
+        return batch.append_column(SHARD, pa.array([], pa.int64())).append_column(
+            CELL, pa.array([], pa.int64()))
+    out, unique = [], pc.unique(paths).to_pylist()
+    for path in unique:
+        rows = batch.filter(pc.equal(paths, path)) if len(unique) > 1 else batch
+        for cell, shard in targets[path]:
+            t = adapt[cell](rows) if adapt.get(cell) is not None else rows
+            out.append(t.append_column(SHARD, pa.array(np.full(t.num_rows, shard), pa.int64()))
+                        .append_column(CELL, pa.array(np.full(t.num_rows, cell), pa.int64())))
+    return pa.concat_tables(out) if len(out) > 1 else out[0]
 
 
 def _write_pieces(batch: pa.Table, *, store: RunStore, dirs: list[str], run_id: str,
