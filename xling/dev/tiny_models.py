@@ -876,6 +876,12 @@ def _build_aya_hf(out: Path, _deps: dict[str, Path]) -> None:
     model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1,
                                                pad_token_id=0, do_sample=False)
     model.save_pretrained(out)
+    # transformers 5 writes every mT5 config as tied; the real one says false (and
+    # transformers 4 reads it: true would tie and scale the output layer there).
+    saved = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    saved["tie_word_embeddings"] = False
+    (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
 
 
 def _train_prp_task(model, tok, steps: int = 80) -> None:

@@ -35,7 +35,6 @@ from xling.actors.llm import (
     Prompt,
     Sampling,
     check_prompt,
-    request_seed,
 )
 from xling.core.config import ConfigError, NoHash
 from xling.core.engines.base import EngineSpec
@@ -92,9 +91,9 @@ def as_text(prompt: Prompt) -> str:
 class CT2Engine(LLMEngine):
     """`ctranslate2.Translator` with the model's tokenizer.json, loaded once.
 
-    Greedy (temperature 0) prompts are decoded in batches of `max_batch_size`; sampled ones
-    one at a time, each after seeding CTranslate2 with its request seed (CTranslate2 has one
-    global seed, not one per request), so a rerun draws the same sample. `max_model_len` is
+    Prompts are decoded in batches of `max_batch_size`, greedily (temperature 0) or by
+    sampling; a sample cannot be seeded per request (CTranslate2 draws from one random
+    stream per thread, seeded once), so sampling needs `seed: null`. `max_model_len` is
     the encoder's input length: a longer prompt is refused or cut in the middle
     (`too_long`), as vLLM's are. Stop strings cut the answer where they first appear.
     """
@@ -120,9 +119,8 @@ class CT2Engine(LLMEngine):
                                                  intra_threads=intra_threads)
         self.compute_type = self.translator.compute_type  # what CT2 runs, after fallbacks
         self.tokenizer = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
-        # Callers on several threads share one Rust tokenizer (it may refuse a concurrent
-        # call) and sampled prompts share CTranslate2's one global seed.
-        self.lock, self.seed_lock = threading.Lock(), threading.Lock()
+        # Callers on several threads share one Rust tokenizer (it may refuse a concurrent call).
+        self.lock = threading.Lock()
         self.eos = self.tokenizer.id_to_token(self.tokenizer.token_to_id("</s>") or 1)
 
     def settings(self) -> dict:
@@ -226,10 +224,16 @@ class CT2Engine(LLMEngine):
                  prefix: str | None = None, allowed: list[str] | None = None) -> list[Completion]:
         t0 = time.perf_counter()
         out: list[Completion | None] = [None] * len(prompts)
+        why = None
         if sampling.regex:
-            return [Completion(error="structured output (sampling.regex) needs backend vllm or "
-                                     "openai; backend ctranslate2 cannot constrain by a regex",
-                               attempts=0) for _ in prompts]
+            why = ("structured output (sampling.regex) needs backend vllm or openai; backend "
+                   "ctranslate2 cannot constrain by a regex")
+        elif sampling.temperature > 0 and sampling.seed is not None:
+            why = ("backend ctranslate2 cannot seed a sample per request (CTranslate2 keeps one "
+                   "random stream per thread, seeded once), so a seeded sample would not be "
+                   "reproducible; set sampling.seed: null for unseeded sampling, or temperature: 0")
+        if why:
+            return [Completion(error=why, attempts=0) for _ in prompts]
         todo, rows = [], []
         for i, p in enumerate(prompts):
             got = self._source(p, too_long or self.too_long)
@@ -238,24 +242,13 @@ class CT2Engine(LLMEngine):
             else:
                 todo.append(i)
                 rows.append(got)
+        if not todo:
+            return out
         target = self._encode(prefix, False) if prefix else []
         sources = [tokens for tokens, _ in rows]
         try:
             if allowed:
                 hyps = self._allowed(sources, target, allowed)
-            elif sampling.temperature > 0:
-                import ctranslate2
-
-                hyps = []
-                for i, src in zip(todo, sources):
-                    with self.seed_lock:
-                        seed = request_seed(sampling.seed, prompts[i])
-                        if seed is not None:
-                            ctranslate2.set_random_seed(seed)
-                        res = self.translator.translate_batch(
-                            [src], target_prefix=[target] if target else None,
-                            **self._options(sampling, len(target)))
-                    hyps.append(res[0].hypotheses[0])
             else:
                 res = self.translator.translate_batch(
                     sources, target_prefix=[target] * len(sources) if target else None,
