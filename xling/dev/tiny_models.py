@@ -925,7 +925,7 @@ def _train_prp_task(model, tok, steps: int = 80) -> None:
 
 
 def _build_aya_ct2(out: Path, deps: dict[str, Path]) -> None:
-    from xling.core.engines.ctranslate2 import convert_seq2seq
+    from xling.core.models import convert_seq2seq
 
     # float32, as nllb_ct2: CT2's greedy output then equals the transformers model's.
     convert_seq2seq(str(deps["aya_hf"]), out, quantization="float32")
