@@ -57,11 +57,13 @@ def prp_prompts() -> list[str]:
     out = []
     for i, query in enumerate(TOPICS):
         a, b = PASSAGES[i], PASSAGES[(i + 3) % len(PASSAGES)]
-        out += [pairwise_prompt(query, a, b)[0]["content"], pairwise_prompt(query, b, a)[0]["content"]]
+        out += [pairwise_prompt(query, a, b)[0]["content"],
+                pairwise_prompt(query, b, a)[0]["content"]]
     return out
 
 
-def hf_generate(reference, prompts: list[str], max_new_tokens: int, prefix: str = "") -> list[str]:
+def hf_generate(reference, prompts: list[str], max_new_tokens: int,
+                prefix: str = "") -> list[str]:
     """llm-rankers' T5 compare: the prompts padded, the decoder started from "<pad>" +
     prefix, greedy, the whole output decoded without special tokens."""
     import torch
@@ -164,16 +166,13 @@ def test_prompt_forms_lengths_and_sampling(engine, reference):
     assert stopped.text == free.text[:free.text.index(stop)] and stopped.finish_reason == "stop"
 
 
-def reference_complete(reference, calls: list):
+def reference_complete(reference):
     """llm-rankers' PairwiseLlmRanker.compare for a T5, on the reference model: each
-    prompt's decoded output ("Passage A" / "Passage B"), read as llm-rankers reads it."""
+    prompt's decoded output ("Passage A" / "Passage B")."""
     from xling.tasks.rerank import DECODER_PREFIX
 
-    def complete(prompts):
-        calls.append(len(prompts))
-        return hf_generate(reference, [p[0]["content"] for p in prompts], 2, prefix=DECODER_PREFIX)
-
-    return complete
+    return lambda prompts: hf_generate(reference, [p[0]["content"] for p in prompts], 2,
+                                       prefix=DECODER_PREFIX)
 
 
 def test_the_rerank_actor_reranks_as_llm_rankers_would(tmp_path, tiny_models, reference):
@@ -192,8 +191,7 @@ def test_the_rerank_actor_reranks_as_llm_rankers_would(tmp_path, tiny_models, re
                for i in range(2)}
     texts = {f"d{k}": p for k, p in enumerate(PASSAGES)}
     rows = [{"_rid": q, "_shard": 0, "_cell": c, "query_id": q, "query": text,
-             "doc_ids": docs, "texts": [texts[d] for d in docs], "scores": [6.0 - k for k in range(6)],
-             "missing": 0, "error": None}
+             "doc_ids": docs, "texts": [texts[d] for d in docs], "missing": 0, "error": None}
             for c in (0, 1) for q, (text, docs) in queries.items()]
     call = {"depth": 5, "window": 4, "step": 2, "passes": 3, "doc_tokens": 60, "fit": "shrink",
             "prompt_style": "figure", "prp_answer": "passage_token", "prp_constrain": False,
@@ -214,8 +212,7 @@ def test_the_rerank_actor_reranks_as_llm_rankers_would(tmp_path, tiny_models, re
 
     cands = [Candidates(q, text, docs[:5], actor.cached.engine.truncate(
         [texts[d] for d in docs[:5]], 60)) for q, (text, docs) in queries.items()]
-    asked: list[int] = []
-    want = pairwise_rerank(cands, reference_complete(reference, asked), passes=3,
+    want = pairwise_rerank(cands, reference_complete(reference), passes=3,
                            parse=lambda t: {"Passage A": "A", "Passage B": "B"}.get(t))
     for res, (q, (_, docs)) in zip(want, queries.items()):
         order, top = ranking("aya-prp", q)

@@ -102,8 +102,7 @@ class RerankRun(Strict):
     fit: Literal["shrink", "engine"] = Field(
         "shrink", description="listwise: a window longer than the context has its passages "
         "cut further until it fits, as rank_llm does (vllm and ctranslate2: it needs the "
-        "tokenizer); "
-        "engine = leave it to model.too_long")
+        "tokenizer); engine = leave it to model.too_long")
     prompt_style: Literal["figure", "llm_rankers"] = Field(
         "figure", description="pairwise prompt: LLM-CLIR Figure 4 verbatim, or llm-rankers' "
         "character-exact variant (quoted query and passages)")
@@ -547,8 +546,9 @@ class LLMReranker(StoreLLM):
         options = dict(call["options"])
         token_answer = call["method"] == "pairwise" and call["prp_answer"] == "passage_token"
         seq2seq = call["encoder_decoder"]
-        if token_answer:  # llm-rankers: chat template + " Passage:", one token (T5: its
-            options["prefix"] = DECODER_PREFIX if seq2seq else PASSAGE_PREFIX  # decoder's)
+        if token_answer:  # llm-rankers: " Passage:" after the chat template and one token;
+            # a T5's decoder continues "Passage" by two
+            options["prefix"] = DECODER_PREFIX if seq2seq else PASSAGE_PREFIX
             if call["prp_constrain"]:
                 options["allowed"] = ["A", "B"]
         errors: list[str] = []

@@ -5,8 +5,7 @@ conversion of a Transformers checkpoint.
 vLLM runs decoders only (its pinned 0.32 lists no T5/MT5 architecture); CTranslate2, which
 the translate stage already runs for NLLB, converts `MT5ForConditionalGeneration` and
 decodes it greedily or by sampling. A prompt is the encoder's input: a string as it is, a
-chat as its messages' contents joined by blank lines (an mT5 has no chat template; Aya-101
-was instruction-tuned on plain inputs). Per call, `prefix` is the start of the answer, the
+chat as its messages' contents joined by blank lines (an mT5 has no chat template). Per call, `prefix` is the start of the answer, the
 decoder's target prefix after its start token (PRP in llm-rankers gives T5 models
 "<pad> Passage" and reads two more tokens: `rerank` sends DECODER_PREFIX), and `allowed`
 picks, of the given strings, the one the model scores highest after the prefix.
@@ -19,6 +18,7 @@ several nodes, give a CTranslate2 directory that every node can read (docs/desig
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -91,7 +91,8 @@ class CT2Engine(LLMEngine):
         self.tokenizer = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
         # Callers on several threads share one Rust tokenizer (it may refuse a concurrent call).
         self.lock = threading.Lock()
-        self.eos = self.tokenizer.id_to_token(self.tokenizer.token_to_id("</s>") or 1)
+        with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
+            self.eos = json.load(f).get("eos_token", "</s>")  # as the converter recorded it
 
     def settings(self) -> dict:
         return {"backend": "ctranslate2", "chat": self.chat, "max_model_len": self.max_model_len,
@@ -250,8 +251,8 @@ class CT2Spec(EngineSpec):
     compute_type: str = Field("default", description="CTranslate2 compute_type at load "
                                                      "(default: the weights' type, or the "
                                                      "nearest the device runs)")
-    max_model_len: int = Field(1024, ge=16, description="encoder input tokens (Aya-101 was "
-                                                        "fine-tuned on 1024)")
+    max_model_len: int = Field(1024, ge=16, description="encoder input tokens (mT5 was "
+                                                        "pre-trained on inputs of 1024)")
     too_long: Literal["refuse", "truncate"] = Field(
         "refuse", description="a prompt longer than max_model_len is an error row (refuse) "
                               "or cut in the middle (truncate); recorded per row")
