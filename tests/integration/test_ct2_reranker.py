@@ -177,10 +177,11 @@ def reference_complete(reference):
 
 def test_the_rerank_actor_reranks_as_llm_rankers_would(tmp_path, tiny_models, reference):
     """The rerank stage's actor (jobs/rerank.LLMReranker), in-process, with the
-    ctranslate2 entry: PRP over two queries' candidates gives the order that
-    pairwise_rerank gives when the reference answers and llm-rankers reads them; a rerun
-    answers from the generation cache. Listwise windows too long for the encoder are
-    shrunk to fit (rank_llm's fit)."""
+    ctranslate2 entry: PRP over two queries' candidates gives the order, calls and counts
+    that pairwise_rerank gives when the reference answers and llm-rankers reads them (the
+    tiny model answers "Passage B" to every pair, so the order is the first stage's; the
+    swaps are tests/unit/test_rerank.py's); a rerun answers from the generation cache.
+    Listwise windows too long for the encoder are shrunk to fit (rank_llm's fit)."""
     from xling.core.llm import engine_spec, parse_llm_spec
     from xling.jobs.rerank import LLMReranker
     from xling.tasks.rerank import Candidates, pairwise_rerank

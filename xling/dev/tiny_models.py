@@ -20,7 +20,7 @@ gibberish.
                 model's label order) + DebertaV2Tokenizer (spm.model with DeBERTa-v3's ids)
     xlmr_reranker XLMRobertaForSequenceClassification (num_labels=1) + XLMRobertaTokenizer
     aya_hf      MT5ForConditionalGeneration (CohereForAI/aya-101's mT5-XXL layout, shrunk) +
-                T5Tokenizer (mT5's ids: <pad>=0 </s>=1 <unk>=2), taught to answer PRP prompts
+                T5Tokenizer (mT5's ids: <pad>=0 </s>=1 <unk>=2), taught PRP's answer form
     aya_ct2     the same model converted with ctranslate2 (the rerank backend's format)
 
 Builds are cached (a marker file per model records the build version, library versions and a
@@ -885,10 +885,11 @@ def _build_aya_hf(out: Path, _deps: dict[str, Path]) -> None:
 
 
 def _train_prp_task(model, tok, steps: int = 80) -> None:
-    """A few seconds of PRP: given the LLM-CLIR pairwise prompt, answer "Passage A" or
-    "Passage B", the passage that repeats the query. A random model answers neither, so
-    every comparison would be unparseable; after this, answers parse and depend on the
-    passages, so a reranking moves documents (a bad ranker, but a ranker)."""
+    """A few seconds of PRP: the LLM-CLIR pairwise prompt, answered "Passage A" or "Passage
+    B" (the passage that repeats the query). A random model answers neither, so every
+    comparison would be unparseable; after this the answers parse. Which passage repeats
+    the query is more than 80 steps teach a 2-layer model: it answers "Passage B" to every
+    pair (a position bias, as small LLMs have), so its PRP keeps the first-stage order."""
     import torch
 
     from xling.tasks.rerank import pairwise_prompt
