@@ -1,9 +1,10 @@
 """The shipped CIRAL config (configs/retrieve-ciral.yaml) end to end with the tiny models:
 every stage of it (translate, index, retrieve with its imported first stages and both
-hybrids, rerank with its four models, evaluate, report), with only its data, models and
+hybrids, rerank with its five models, evaluate, report), with only its data, models and
 parallelism swapped for small ones; its runs, fusions, rerank runs and evaluate section
 are the shipped ones. RankZephyr and Llama are the tiny vLLM chat model (one engine for
-both, loaded once: same model and settings); RankGPT-3.5/4.1 are OpenAI-compatible models
+both, loaded once: same model and settings), Aya-101 the tiny mT5 through CTranslate2 on
+the CPU (tiny:aya_ct2); RankGPT-3.5/4.1 are OpenAI-compatible models
 served on 127.0.0.1 (tests/llm_server.py), answering each window with its passages
 reversed, so those reranked runs differ from their first stages. (BM25-DT over the tiny
 model's translations finds nothing for the English queries: its rerankers' rows are the
@@ -94,6 +95,9 @@ def tiny_config(tmp: Path, server: LLMServer) -> dict:
     for m in rr["models"]:
         if m.get("backend") == "openai":
             m.update(base_url=server.url, api_key_env=None)
+        elif m.get("backend") == "ctranslate2":  # Aya-101: the tiny mT5, on the CPU
+            m.update(model="tiny:aya_ct2", device="cpu",
+                     parallel={"concurrency": [1, 1], "batch_size": 4})
         else:  # rankzephyr and llama: the same tiny engine
             name = m["name"]
             m.clear()
@@ -120,12 +124,12 @@ def test_the_shipped_ciral_config_with_tiny_models(tmp_path, tiny_models):
     [run_id] = store.list_dirs("_runs")
     plan = store.read_json(f"_runs/{run_id}/plan.json")
     assert [(e["model"], e["stages"]) for e in plan["engines"] if "rerank" in e["stages"]] == [
-        ("tiny:llama_chat", ["rerank"])]
-    assert "[rerank] committed 22 cell(s)" in out
+        ("tiny:llama_chat", ["rerank"]), ("tiny:aya_ct2", ["rerank"])]
+    assert "[rerank] committed 28 cell(s)" in out
     md = store.read_bytes("evaluate/tables.md").decode()
     test_a = md.split("### test-a: ndcg_cut_20")[1].split("###")[0]
     rows = {l.split("|")[1].strip(): l for l in test_a.splitlines() if l.startswith("| ")}
-    # every reranker of the config, four models, in one table
+    # every reranker of the config, five models, in one table
     reranks = [r["name"] for r in cfg["rerank"]["runs"]]
     assert set(reranks) <= set(rows)
     # the imported first stages, the hybrid of an imported run, and their oracles

@@ -67,7 +67,8 @@ def cfg(**section):
      r"models\[0\].concurency: unknown key for backend openai. Fix: did you mean 'concurrency'"),
     ({"generate": {"prompts": [{"name": "p", "path": "x"}],
                    "models": [{"backend": "vertex", "model": "m"}]}},
-     r"models\[0\].backend: unknown LLM backend; use one of: vllm, openai \(got 'vertex'\)"),
+     r"models\[0\].backend: unknown LLM backend; use one of: vllm, openai, ctranslate2 "
+     r"\(got 'vertex'\)"),
     ({"generate": {"prompts": [{"name": "p", "path": "x", "parser": "yaml"}],
                    "models": [{"model": "m"}]}}, "unknown parser 'yaml'"),
     ({"generate": {"prompts": [{"name": "p", "path": "x"}],

@@ -24,7 +24,8 @@ from xling.dev.tiny_models import MARKER, build_tiny_models, tiny_model_paths
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-ALL = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat", "nli_deberta", "xlmr_reranker")
+ALL = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat", "nli_deberta", "xlmr_reranker", "aya_hf",
+       "aya_ct2")
 
 
 @pytest.fixture(scope="session")
@@ -177,6 +178,27 @@ def test_nllb_tokenizer_matches_real_layout(tiny):
         ids = tok(sentence)["input_ids"]
         assert ids[0] == tok.convert_tokens_to_ids(lang)
         assert tok.unk_token_id not in ids, lang
+
+
+def test_aya_matches_mt5_layout(tiny):
+    """tiny:aya_hf has Aya-101's (mT5's) layout: T5Tokenizer ids <pad>=0 </s>=1 <unk>=2 and no
+    sentinels, an embedding matrix padded past the vocabulary, an untied output layer."""
+    import json
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny["aya_hf"])
+    assert type(tok).__name__ == "T5Tokenizer"
+    assert [tok.pad_token_id, tok.eos_token_id, tok.unk_token_id] == [0, 1, 2]
+    assert tok.bos_token_id is None and not [t for t in tok.get_vocab() if "extra_id" in t]
+    text = "Река течёт через старый город."
+    assert tok.convert_ids_to_tokens(tok.encode(text))[-1] == "</s>"
+    assert tok.decode(tok.encode(text), skip_special_tokens=True) == text
+    config = AutoConfig.from_pretrained(tiny["aya_hf"])
+    assert config.model_type == "mt5" and config.vocab_size % 16 == 0 >= len(tok) - config.vocab_size
+    assert (config.feed_forward_proj, config.decoder_start_token_id) == ("gated-gelu", 0)
+    assert json.loads((tiny["aya_hf"] / "config.json").read_text())["tie_word_embeddings"] is False
+    assert (tiny["aya_ct2"] / "model.bin").is_file() and (tiny["aya_ct2"] / "tokenizer.json").is_file()
 
 
 def test_ct2_translation(tiny):

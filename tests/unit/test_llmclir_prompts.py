@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from xling.tasks.rerank import LISTWISE_SYSTEM, listwise_prompt, pairwise_prompt
+from xling.tasks.rerank import (DECODER_PREFIX, LISTWISE_SYSTEM, PASSAGE_PREFIX, listwise_prompt,
+                                pairwise_prompt)
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 PAPER = SHARED / "papers" / "llm-clir.txt"
@@ -55,3 +56,7 @@ def test_pairwise_prompt_is_figure_4():
     impl = pairwise_prompt("{query}", "{document1}", "{document2}", "llm_rankers")[0]["content"]
     assert norm(impl.replace('"', "")) == norm(fig)
     assert impl.endswith('Passage B: "{document2}"\n\nOutput Passage A or Passage B:')
+    # The answers' starts: llm-rankers continues a Llama's chat prompt by " Passage:" and a
+    # T5's decoder (after its start token) by "Passage"; both then read "Passage A" or "B".
+    assert (PASSAGE_PREFIX, DECODER_PREFIX) == (" Passage:", "Passage")
+    assert fig.rstrip().endswith("Output Passage A or Passage B:")

@@ -18,7 +18,7 @@ from xling.tasks import irmetrics
 from xling.tasks.rerank import (Candidates, fit_listwise, listwise_prompt, listwise_rerank,
                                 listwise_windows, n_listwise_calls, n_pairwise_calls_bound,
                                 pairwise_prompt, pairwise_rerank, parse_choice,
-                                parse_passage_token, parse_permutation)
+                                parse_decoded_passage, parse_passage_token, parse_permutation)
 from xling.tasks.runs import hits_table
 from xling.tasks.topics import iter_qrels
 
@@ -159,6 +159,13 @@ def test_prp_restores_the_first_stage_order_below_the_top_k():
                           prompt=lambda a, b, c: pairwise_prompt(a, b, c, "llm_rankers"))[0]
     assert out.doc_ids == ["d11", "d10", *docs[:10]] and out.unparseable == 0
     assert parse_passage_token(" B") == "B" and parse_passage_token("x") is None
+    # An encoder-decoder (llm-rankers' T5 branch): the decoder continues "Passage", and the
+    # whole decoded answer must read "Passage A" / "Passage B" exactly.
+    cont = lambda ps: [" " + judge.answer(p[-1]["content"]).split()[-1] for p in ps]
+    out = pairwise_rerank([q], cont, passes=2, parse=parse_decoded_passage)[0]
+    assert out.doc_ids == ["d11", "d10", *docs[:10]] and out.unparseable == 0
+    assert [parse_decoded_passage(t) for t in (" A", " B", "A", " a", " A.", " AB", None)] == [
+        "A", "B", None, None, None, None, None]
 
 
 def test_listwise_shrinks_passages_to_fit_the_context():

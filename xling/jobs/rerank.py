@@ -55,9 +55,9 @@ from xling.core.status import part_files, read_cell
 from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
 from xling.core.store import RunStore
 from xling.jobs.retrieve import RunStage
-from xling.tasks.rerank import (PASSAGE_PREFIX, Candidates, fit_listwise, listwise_rerank,
-                                pairwise_prompt, pairwise_rerank, parse_choice,
-                                parse_passage_token)
+from xling.tasks.rerank import (DECODER_PREFIX, PASSAGE_PREFIX, Candidates, fit_listwise,
+                                listwise_rerank, pairwise_prompt, pairwise_rerank, parse_choice,
+                                parse_decoded_passage, parse_passage_token)
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -101,19 +101,22 @@ class RerankRun(Strict):
                     "corpus's name)")
     fit: Literal["shrink", "engine"] = Field(
         "shrink", description="listwise: a window longer than the context has its passages "
-        "cut further until it fits, as rank_llm does (vLLM only: it needs the tokenizer); "
-        "engine = leave it to model.too_long")
+        "cut further until it fits, as rank_llm does (vllm and ctranslate2: it needs the "
+        "tokenizer); engine = leave it to model.too_long")
     prompt_style: Literal["figure", "llm_rankers"] = Field(
         "figure", description="pairwise prompt: LLM-CLIR Figure 4 verbatim, or llm-rankers' "
         "character-exact variant (quoted query and passages)")
     prp_answer: Literal["passage_token", "generate"] = Field(
         "passage_token", description="pairwise answers: passage_token (the default) = the "
         "paper's PRP in llm-rankers (llm-clir.txt L105, L414): the chat prompt continued by "
-        "' Passage:' and one token, read as A or B (a backend that continues prompts: vLLM); "
+        "' Passage:' and one token, read as A or B (a backend that continues prompts: vLLM; "
+        "ctranslate2's encoder-decoders continue the decoder's 'Passage' by two tokens, "
+        "llm-rankers' T5 way); "
         "generate = free generation of up to 8 tokens, 'Passage A/B' found by a regex (any "
         "backend)")
     prp_constrain: bool = Field(False, description="with passage_token: allow only the tokens A "
-                                                   "and B (vLLM allowed_token_ids); llm-rankers "
+                                                   "and B (vLLM allowed_token_ids; ctranslate2: "
+                                                   "the better scored of the two); llm-rankers "
                                                    "does not")
     prp_tail: Literal["first_stage", "bubble"] = Field(
         "first_stage", description="pairwise: below the sorted top-`passes`, candidates keep "
@@ -197,12 +200,15 @@ HITS = pa.schema([("query_id", pa.string()), ("doc_id", pa.string()), ("rank", p
                   ("llm_error", pa.string()), ("error", pa.string())])
 
 
-def default_sampling(run: RerankRun) -> SamplingSpec:
+def default_sampling(run: RerankRun, spec) -> SamplingSpec:
     # "[12] > " is ~5 tokens; a listwise answer names `window` ids. PRP answers "Passage A",
-    # or, continuing " Passage:", one token (llm-rankers' max_new_tokens=1).
+    # or, continuing " Passage:", one token (llm-rankers' max_new_tokens=1); an
+    # encoder-decoder continues its decoder's "Passage" by two (llm-rankers' T5: "A", </s>).
     if run.method == "listwise":
         return SamplingSpec(max_tokens=6 * run.window)
-    return SamplingSpec(max_tokens=1 if run.prp_answer == "passage_token" else 8)
+    if run.prp_answer == "passage_token":
+        return SamplingSpec(max_tokens=2 if spec.ENCODER_DECODER else 1)
+    return SamplingSpec(max_tokens=8)
 
 
 def rerank_cells(cfg: XlingConfig) -> list[Cell]:
@@ -215,7 +221,7 @@ def rerank_cells(cfg: XlingConfig) -> list[Cell]:
     cells = []
     for run in rc.runs:
         spec = rc.model_of(run)
-        sampling = sampling_of(spec, rc.sampling or default_sampling(run)).as_dict()
+        sampling = sampling_of(spec, rc.sampling or default_sampling(run, spec)).as_dict()
         # The model is the params' `model` (so a one-model config keeps its cell hashes).
         method = {k: v for k, v in hashable(run).items() if k not in ("name", "input", "model")}
         params = {"method": method, "model": engine_params(spec), "sampling": sampling}
@@ -391,7 +397,7 @@ class RerankStage(RunStage):
                                                        "prompt_style", "prp_answer",
                                                        "prp_constrain", "prp_tail")},
                   "system": c.key["run"], "sampling": c.params["sampling"],
-                  "options": spec.call_options()}
+                  "options": spec.call_options(), "encoder_decoder": spec.ENCODER_DECODER}
                  for c in cells]
         p = spec.parallel
         hosts = shared_hosts(spec)
@@ -539,8 +545,10 @@ class LLMReranker(StoreLLM):
         sampling = Sampling(**call["sampling"])
         options = dict(call["options"])
         token_answer = call["method"] == "pairwise" and call["prp_answer"] == "passage_token"
-        if token_answer:  # llm-rankers: chat template + " Passage:", one token
-            options["prefix"] = PASSAGE_PREFIX
+        seq2seq = call["encoder_decoder"]
+        if token_answer:  # llm-rankers: " Passage:" after the chat template and one token;
+            # a T5's decoder continues "Passage" by two
+            options["prefix"] = DECODER_PREFIX if seq2seq else PASSAGE_PREFIX
             if call["prp_constrain"]:
                 options["allowed"] = ["A", "B"]
         errors: list[str] = []
@@ -553,7 +561,8 @@ class LLMReranker(StoreLLM):
         if call["method"] == "listwise":
             fit = None
             if call["fit"] == "shrink" and hasattr(engine, "tokenize"):
-                budget = engine.max_model_len - sampling.max_tokens
+                # A decoder's answer shares its context; an encoder-decoder's does not.
+                budget = engine.max_model_len - (0 if seq2seq else sampling.max_tokens)
 
                 def fit(query, passages):
                     return fit_listwise(query, passages, n_tokens=lambda p: len(engine.tokenize(p)),
@@ -567,7 +576,8 @@ class LLMReranker(StoreLLM):
             results = pairwise_rerank(
                 cands, complete, passes=call["passes"],
                 prompt=lambda q, a, b: pairwise_prompt(q, a, b, style),
-                parse=parse_passage_token if token_answer else parse_choice,
+                parse=(parse_decoded_passage if seq2seq else parse_passage_token)
+                if token_answer else parse_choice,
                 restore_tail=call["prp_tail"] == "first_stage")
         by_query = {r.query_id: r for r in results}
         out = []

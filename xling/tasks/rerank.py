@@ -14,8 +14,9 @@ implementations differ from the figures (rank_llm for listwise, ielab/llm-ranker
 the difference is an option, never a silent change:
 - PRP `prompt_style="llm_rankers"`: llm-rankers' quoted prompt; answers: the engine
   continues " Passage:" by one token (`parse_passage_token`, the rerank stage's default
-  `prp_answer: passage_token`, as the paper ran it), or free generation (`parse_choice`,
-  `prp_answer: generate`);
+  `prp_answer: passage_token`, as the paper ran it; an encoder-decoder such as Aya-101
+  continues its decoder's "Passage" by two tokens, `parse_decoded_passage`, llm-rankers'
+  T5 reading), or free generation (`parse_choice`, `prp_answer: generate`);
 - PRP `restore_tail`: llm-rankers returns the sorted top-k, then every other candidate in
   its first-stage order (not in the order the bubble passes left it);
 - listwise `fit`: rank_llm shrinks the passages until the window's prompt fits the context
@@ -44,6 +45,7 @@ def prompt_templates() -> dict:
 
 LISTWISE_SYSTEM = prompt_templates()["listwise"]["system"]
 PASSAGE_PREFIX = prompt_templates()["pairwise"]["answer_prefix"]  # " Passage:"
+DECODER_PREFIX = prompt_templates()["pairwise"]["decoder_prefix"]  # "Passage" (T5)
 
 
 @dataclass
@@ -225,6 +227,15 @@ def parse_passage_token(text: str | None) -> str | None:
     if text is None:
         return None
     return {"A": "A", "B": "B"}.get(text.strip().upper())
+
+
+def parse_decoded_passage(text: str | None) -> str | None:
+    """An encoder-decoder's answer after the decoder prefix "Passage" -> 'A', 'B' or None,
+    as llm-rankers reads a T5's: the decoded output, prefix included, must be exactly
+    "Passage A" or "Passage B" (the engine returns what the new tokens add: " A")."""
+    if text is None:
+        return None
+    return {" A": "A", " B": "B"}.get(text)
 
 
 def n_pairwise_calls_bound(n: int, passes: int) -> int:

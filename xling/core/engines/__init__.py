@@ -1,9 +1,9 @@
 """LLM backends, one module each, and the registry that names them.
 
-A backend module (`vllm.py`, `openai.py`) holds everything that differs between backends:
-its config entry (an `EngineSpec` subclass with `backend: Literal["<name>"]`, exported as
-`Spec`), the `LLMEngine` that generates (`Spec.ENGINE`), its start-up checks and actor
-settings. The stages never ask which backend an entry is; they call the entry's methods
+A backend module (`vllm.py`, `openai.py`, `ctranslate2.py`) holds everything that differs
+between backends: its config entry (an `EngineSpec` subclass with `backend:
+Literal["<name>"]`, exported as `Spec`), the `LLMEngine` that generates (`Spec.ENGINE`), its
+start-up checks and actor settings. The stages never ask which backend an entry is; they call the entry's methods
 (core/llm.py). Adding a backend is one module here plus one line in `BACKENDS`.
 """
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 BACKENDS = {
     "vllm": "xling.core.engines.vllm",
     "openai": "xling.core.engines.openai",
+    "ctranslate2": "xling.core.engines.ctranslate2",
 }
 DEFAULT = next(iter(BACKENDS))
 

@@ -54,8 +54,9 @@ class EngineSpec(Strict):
 
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$",
                              description="label in cells and the `model` column (default: model)")
-    backend: str = Field(description="vllm (offline engine, the default) or openai (any "
-                                     "OpenAI-compatible endpoint)")
+    backend: str = Field(description="vllm (offline engine, the default), openai (any "
+                                     "OpenAI-compatible endpoint) or ctranslate2 "
+                                     "(encoder-decoder models)")
     model: str = Field(description="vllm: hub id, local path or tiny:llama_chat; openai: the "
                                    "endpoint's model name")
     chat: bool = Field(True, description="send prompts through the chat template / chat API")
@@ -69,6 +70,10 @@ class EngineSpec(Strict):
     # Whether a call may continue the chat prompt with a prefix and limit the answer to given
     # tokens (rerank's prp_answer: passage_token); needs the model's tokenizer at hand.
     CONTINUES_PROMPT: ClassVar[bool] = False
+    # An encoder-decoder (ctranslate2): the answer is the decoder's, outside the prompt's
+    # context, and a prompt continued by a prefix continues the decoder's output (rerank's
+    # PRP then sends llm-rankers' T5 prefix and reads its two tokens).
+    ENCODER_DECODER: ClassVar[bool] = False
     # Served by an endpoint (no weights or revision on this machine).
     REMOTE: ClassVar[bool] = False
     # The engine args (with "backend") that change outputs: with the model, sampling and

@@ -16,7 +16,8 @@ PAPER: dict[str, list[tuple[str, Any, str]]] = {
                  ("depth", 100, "L143: reranking the top 100")],
     "pairwise": [("passes", 10, "L105: k = 10 passes"), ("depth", 100, "L143"),
                  ("prp_answer", "passage_token", "L105: generation mode, 'Passage A' or "
-                  "'Passage B', in llm-rankers (L414): ' Passage:' and one token")],
+                  "'Passage B', in llm-rankers (L414): ' Passage:' and one token (a T5 such "
+                  "as Aya-101: the decoder's 'Passage' and two)")],
     "translate": [("model", "facebook/nllb-200-1.3B", "L111 (Section 3.3)"),
                   ("max_input_tokens", 128, "L111: maximum input sequence length 128"),
                   ("beam_size", 1, "L111: greedy decoding")],
