@@ -19,6 +19,10 @@ gibberish.
     nli_deberta DebertaV2ForSequenceClassification (entailment/neutral/contradiction, the real
                 model's label order) + DebertaV2Tokenizer (spm.model with DeBERTa-v3's ids)
     xlmr_reranker XLMRobertaForSequenceClassification (num_labels=1) + XLMRobertaTokenizer
+    e5          XLMRobertaModel + XLMRobertaTokenizer + multilingual-e5's sentence-transformers
+                files (mean pooling, Normalize)
+    repllama    LlamaModel + a Llama-2 style LlamaTokenizer (<unk>=0 <s>=1 </s>=2), RepLLaMA
+                with its LoRA adapter merged
 
 Builds are cached (a marker file per model records the build version, library versions and a
 hash of the content), atomic (built in a temporary folder, then renamed into place) and
@@ -295,6 +299,8 @@ _LIBS = {
     "llama_chat": _COMMON_LIBS,
     "nli_deberta": _COMMON_LIBS,
     "xlmr_reranker": _COMMON_LIBS,
+    "e5": _COMMON_LIBS,
+    "repllama": _COMMON_LIBS,
 }
 
 
@@ -821,6 +827,65 @@ def _build_xlmr_reranker(out: Path, _deps: dict[str, Path]) -> None:
     model.save_pretrained(out)
 
 
+def _build_e5(out: Path, _deps: dict[str, Path]) -> None:
+    from transformers import XLMRobertaModel
+
+    # intfloat/multilingual-e5-large: XLM-R (514 positions, as xlm-roberta-large) and the
+    # sentence-transformers files its repository ships: Transformer (max_seq_length 512),
+    # mean Pooling, Normalize.
+    tok = _xlmr_tokenizer(out)
+    config = _xlmr_config(len(tok), 64, initializer_range=0.2)
+    config.max_position_embeddings = 514
+    with _seeded(6):
+        model = XLMRobertaModel(config, add_pooling_layer=False).eval()
+    model.config.initializer_range = 0.02
+    model.save_pretrained(out)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize",
+         "type": "sentence_transformers.models.Normalize"},
+    ]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 512, "do_lower_case": False}, indent=2))
+    (out / "1_Pooling").mkdir()
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_cls_token": False,
+         "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+         "pooling_mode_mean_sqrt_len_tokens": False}, indent=2))
+    (out / "2_Normalize").mkdir()
+
+
+def _build_repllama(out: Path, _deps: dict[str, Path]) -> None:
+    from tokenizers.models import BPE
+    from transformers import LlamaConfig, LlamaModel, LlamaTokenizer
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+
+    # Llama-2's tokenizer (meta-llama/Llama-2-7b-hf, RepLLaMA's base): sentencepiece BPE with
+    # <unk>=0 <s>=1 </s>=2, BOS added, no EOS (RepLLaMA appends </s> itself).
+    spm_path = out / "tokenizer.model"
+    spm_path.write_bytes(_train_sentencepiece(
+        "bpe", 1000, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        split_digits=True, allow_whitespace_only_pieces=True,
+    ))
+    extracted = SentencePieceExtractor(str(spm_path)).extract(BPE)
+    tok = LlamaTokenizer(vocab=dict(extracted["vocab"]), merges=extracted["merges"],
+                         unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                         add_bos_token=True, add_eos_token=False, model_max_length=4096)
+    tok.save_pretrained(out)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=4096, rms_norm_eps=1e-5,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         initializer_range=0.2, dtype="float32")
+    with _seeded(7):
+        model = LlamaModel(config).eval()
+    model.config.initializer_range = 0.02
+    model.save_pretrained(out)
+
+
 _BUILDERS: dict[str, tuple[Callable[[Path, dict[str, Path]], None], tuple[str, ...]]] = {
     "nllb_hf": (_build_nllb_hf, ()),
     "nllb_ct2": (_build_nllb_ct2, ("nllb_hf",)),
@@ -828,6 +893,8 @@ _BUILDERS: dict[str, tuple[Callable[[Path, dict[str, Path]], None], tuple[str, .
     "llama_chat": (_build_llama_chat, ()),
     "nli_deberta": (_build_nli_deberta, ()),
     "xlmr_reranker": (_build_xlmr_reranker, ()),
+    "e5": (_build_e5, ()),
+    "repllama": (_build_repllama, ()),
 }
 
 
@@ -842,7 +909,8 @@ def build_tiny_models(
     """Build (or reuse) the tiny models under ``cache_dir``.
 
     Returns {"nllb_hf": ..., "nllb_ct2": ..., "bge_m3": ..., "llama_chat": ..., "nli_deberta":
-    ..., "xlmr_reranker": ...} (core/models.py's TINY_MODELS, in order). A model whose
+    ..., "xlmr_reranker": ..., "e5": ..., "repllama": ...} (core/models.py's TINY_MODELS, in
+    order). A model whose
     marker matches this build version, the installed library versions and its files is reused;
     ``force=True`` rebuilds all of them.
     """

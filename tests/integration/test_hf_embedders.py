@@ -1,0 +1,167 @@
+"""The LLM-CLIR paper's transformers bi-encoders (actors/hf_embedders.py) against their
+reference implementations, on the tiny models of the same architectures (`xling models
+tiny`: e5, repllama):
+
+- E5: sentence-transformers loading the model's own modules (Transformer, mean Pooling,
+  Normalize) and encoding the texts with the model card's "query: " / "passage: " prefixes;
+- RepLLaMA: the model card's code, one text at a time (`tokenizer(f'query: {q}</s>')`, the
+  last hidden state of the last token, L2-normalised), for a merged model and for a LoRA
+  adapter merged the model card's way (PeftConfig, AutoModel, PeftModel.merge_and_unload).
+
+Texts: the English CIRAL Hausa test-a queries and the BorderLines questions of 48 languages
+(tests/data/README.md gives their sources), plus one long passage cut at max_length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from xling.actors.embedder import EMPTY, make_embedder, vector_matrix  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+QUERIES = [line.split("\t", 1)[1].strip() for line in
+           (DATA / "topics" / "topics.ciral-v1.0-ha-test-a.tsv").read_text().splitlines()[:12]]
+PASSAGES = list(json.loads((DATA / "text" / "real.json").read_text())
+                ["texts"]["borderlines"]["text"].values())
+LONG = " ".join(PASSAGES[:6])  # far over max_length: truncated
+MAX_LENGTH = 96
+
+
+def _embed(kind: str, model: str, role: str, texts: list[str], **settings) -> np.ndarray:
+    emb = make_embedder(model, kind=kind, role=role, max_length=MAX_LENGTH, batch_size=5,
+                        device="cpu", **settings)
+    out = emb(pa.table({"text": pa.array(texts, pa.string())}))
+    assert out["error"].null_count == len(texts), out["error"].to_pylist()
+    return vector_matrix(out["dense"])
+
+
+def _agreement(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(max abs difference, min cosine) over rows; both sides are unit vectors."""
+    cos = (ours * ref).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(ref, axis=1))
+    return float(np.abs(ours - ref).max()), float(cos.min())
+
+
+def _check(ours: np.ndarray, ref: np.ndarray, label: str) -> None:
+    diff, cos = _agreement(ours, ref)
+    print(f"{label}: max |diff| {diff:.2e}, min cosine {cos:.8f}")
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    assert diff < 1e-5 and cos > 1 - 1e-6, (label, diff, cos)
+
+
+@pytest.fixture(scope="module")
+def e5(tiny_models) -> str:
+    return tiny_models["e5"]
+
+
+@pytest.fixture(scope="module")
+def repllama(tiny_models) -> str:
+    return tiny_models["repllama"]
+
+
+@pytest.mark.parametrize("role", ["query", "passage"])
+def test_e5_is_sentence_transformers(e5, role):
+    from sentence_transformers import SentenceTransformer
+
+    texts = (QUERIES if role == "query" else PASSAGES) + [LONG]
+    ref_model = SentenceTransformer(e5, device="cpu")
+    ref_model.max_seq_length = MAX_LENGTH
+    # The model card: every input starts with "query: " or "passage: "; vectors normalised.
+    ref = ref_model.encode([f"{role}: {t}" for t in texts], batch_size=7,
+                           normalize_embeddings=True, convert_to_numpy=True)
+    _check(_embed("e5", e5, role, texts), ref, f"e5 {role}")
+
+
+def _card_vectors(model, tokenizer, role: str, texts: list[str]) -> np.ndarray:
+    """castorini/repllama-v1-7b-lora-passage's model card, one text at a time."""
+    import torch
+
+    out = []
+    for t in texts:
+        inputs = tokenizer(f"{role}: {t}</s>", return_tensors="pt")
+        with torch.no_grad():
+            vec = model(**inputs).last_hidden_state[0][-1]
+        out.append(torch.nn.functional.normalize(vec, p=2, dim=0).numpy())
+    return np.stack(out)
+
+
+def _untruncated(tokenizer, role: str, texts: list[str]) -> list[str]:
+    """The texts within max_length: the card's code does not truncate."""
+    texts = [t for t in texts if len(tokenizer(f"{role}: {t}</s>")["input_ids"]) <= MAX_LENGTH]
+    assert len(texts) >= 6
+    return texts
+
+
+@pytest.mark.parametrize("role", ["query", "passage"])
+def test_repllama_is_the_model_card(repllama, role):
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(repllama)
+    texts = _untruncated(tokenizer, role, QUERIES if role == "query" else PASSAGES)
+    ref = _card_vectors(AutoModel.from_pretrained(repllama).eval(), tokenizer, role, texts)
+    _check(_embed("repllama", repllama, role, texts), ref, f"repllama {role}")
+
+
+def test_repllama_lora_adapter_is_merged_as_the_model_card_does(repllama, tmp_path):
+    import torch
+    from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
+    from transformers import AutoModel, AutoTokenizer
+
+    # RepLLaMA's adapter: LoRA on the attention and MLP projections of Llama-2 (random, not
+    # zero, B matrices so that merging it changes the vectors).
+    torch.manual_seed(0)
+    peft = get_peft_model(AutoModel.from_pretrained(repllama), LoraConfig(
+        r=4, lora_alpha=8, init_lora_weights=False,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj"]))
+    adapter = tmp_path / "adapter"
+    peft.save_pretrained(adapter)
+
+    config = PeftConfig.from_pretrained(adapter)
+    base = AutoModel.from_pretrained(config.base_model_name_or_path)
+    card = PeftModel.from_pretrained(base, adapter).merge_and_unload().eval()
+    tokenizer = AutoTokenizer.from_pretrained(config.base_model_name_or_path)
+    texts = _untruncated(tokenizer, "query", QUERIES)
+    ours = _embed("repllama", str(adapter), "query", texts)
+    _check(ours, _card_vectors(card, tokenizer, "query", texts), "repllama LoRA query")
+    plain = _embed("repllama", repllama, "query", texts)
+    assert _agreement(ours, plain)[0] > 1e-3  # the adapter is applied
+
+
+def test_repllama_truncates_before_its_eos(repllama):
+    emb = make_embedder(repllama, kind="repllama", role="passage", max_length=16, device="cpu")
+    ids = emb._input_ids([LONG, "kurz"])
+    assert len(ids[0]) == 16 and ids[0][-1] == emb.tokenizer.eos_token_id
+    assert ids[1][-1] == emb.tokenizer.eos_token_id and len(ids[1]) < 16
+    # The text's own tokens, <s> and the appended </s>; no prefix.
+    assert emb.count_tokens(["kurz"]) == [len(emb.tokenizer("kurz")["input_ids"]) + 1]
+
+
+def test_roles_rows_and_settings(e5):
+    emb = make_embedder(e5, kind="e5", max_length=MAX_LENGTH, device="cpu")
+    batch = pa.table({"text": pa.array(["Wasser kocht.", "", None, "Maji yanachemka."]),
+                      "error": pa.array([None, None, None, "upstream"], pa.string())})
+    with pytest.raises(ValueError, match="queries or passages"):
+        emb(batch)
+    query, passage = emb.with_settings(role="query"), emb.with_settings(role="passage")
+    assert (query.fingerprint, passage.fingerprint) == (
+        {"max_length": MAX_LENGTH, "fp16": False, "role": "query"},
+        {"max_length": MAX_LENGTH, "fp16": False, "role": "passage"})
+    q, p = query(batch), passage(batch)
+    assert q["error"].to_pylist() == [None, EMPTY, EMPTY, "upstream"]
+    assert q["dense"].null_count == 3 and q.column_names == ["text", "error", "dense"]
+    # The prefix is part of the input: one text, two vectors.
+    assert not np.allclose(vector_matrix(q["dense"])[0], vector_matrix(p["dense"])[0])
+    with pytest.raises(ValueError, match="dense vectors only"):
+        emb.with_settings(sparse=True)
+    with pytest.raises(ValueError, match="role must be one of"):
+        emb.with_settings(role="document")
+    assert emb.info["dim"] == 64 and emb.info["pooling"] == "mean"

@@ -1,0 +1,212 @@
+"""Bi-encoders run with transformers' `AutoModel`: the LLM-CLIR paper's first stages beside
+BGE-M3 (paper §3, "first-stage retrievers"), each the pooling, prefixes and normalisation
+its model card prescribes, behind the `Embedder` protocol of actors/embedder.py.
+
+    e5        intfloat/multilingual-e5-large: XLM-R encoder, mean pooling over the attention
+              mask, "query: " / "passage: " prefixes, L2-normalised, 512 tokens (model card,
+              https://huggingface.co/intfloat/multilingual-e5-large: `average_pool`, "Each
+              input text should start with 'query: ' or 'passage: '", `max_length=512`,
+              `F.normalize(p=2)`; its sentence-transformers files: Pooling mean, Normalize).
+    repllama  castorini/repllama-v1-7b-lora-passage: Llama-2-7B with a LoRA adapter, the
+              hidden state of an appended </s> (last token), "query: " / "passage: "
+              prefixes, L2-normalised (model card,
+              https://huggingface.co/castorini/repllama-v1-7b-lora-passage:
+              `tokenizer(f'query: {query}</s>')`, `last_hidden_state[0][-1]`, `normalize`;
+              the adapter is merged into the base model named by its adapter_config.json,
+              `PeftModel.from_pretrained(...).merge_and_unload()`).
+
+mGTE (Alibaba-NLP/gte-multilingual-base) and NV-Embed-v2 have no engine: see docs/design.md,
+"First stages without an engine".
+
+A text longer than `max_length` tokens (prefix and special tokens included) is truncated
+from the end; RepLLaMA's </s> is appended after truncation, so it always ends the input.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from xling.actors.embedder import RowEmbedder
+
+log = logging.getLogger(__name__)
+
+ROLES = ("query", "passage")
+
+
+class TransformersEmbedder(RowEmbedder):
+    """A bi-encoder of `AutoModel` + `AutoTokenizer`: a subclass names its `POOLING` ("mean"
+    over the attention mask, or "last": the appended end-of-sequence token) and its
+    `PREFIXES` per role. Dense vectors only, L2-normalised, float32.
+
+    `role` ("query" or "passage") is a per-call setting (index embeds passages, retrieve
+    queries); a call without one fails before any work. `use_fp16` is honoured on CUDA only,
+    as M3Embedder does. `batch_size` texts go through the model at a time, longest first
+    within a call so each forward batch pads little."""
+
+    POOLING = "mean"
+    PREFIXES = {"query": "", "passage": ""}
+    APPEND_EOS = False
+    PER_CALL = ("max_length", "batch_size", "text_column", "role", "dense", "sparse", "colbert")
+    OUTPUTS = ("dense",)
+
+    def __init__(self, model: str, max_length: int = 512, batch_size: int = 32,
+                 use_fp16: bool = False, dense: bool = True, sparse: bool = False,
+                 colbert: bool = False, text_column: str = "text", device: str | None = None,
+                 role: str | None = None):
+        import torch
+
+        self.name = type(self).__name__
+        if device is None:
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        note, asked_fp16 = None, use_fp16
+        if use_fp16 and not (device.startswith("cuda") and torch.cuda.is_available()):
+            note = f"use_fp16 ignored: half precision is only used on CUDA, not on {device}"
+            log.warning("%s: %s", self.name, note)
+            use_fp16 = False
+        self.tokenizer, self.model = self._load(model, torch.float16 if use_fp16 else
+                                                torch.float32)
+        self.model.to(device).eval()
+        self.max_length, self.batch_size, self.text_column = max_length, batch_size, text_column
+        self._check(dense, sparse, colbert, role, max_length)
+        self.role = role
+        self.device = device
+        self._fingerprint = {"max_length": max_length, "fp16": asked_fp16}
+        self.info = {"model": model, "dim": int(self.model.config.hidden_size),
+                     "device": str(next(self.model.parameters()).device),
+                     "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+                     "use_fp16": use_fp16, "max_length": max_length, "role": role,
+                     "pooling": self.POOLING, "note": note}
+
+    def _load(self, model: str, dtype):
+        from transformers import AutoModel, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        return tokenizer, AutoModel.from_pretrained(model, dtype=dtype)
+
+    def _check(self, dense, sparse, colbert, role, max_length) -> None:
+        if sparse or colbert or not dense:
+            raise ValueError(f"{self.name}: dense vectors only (sparse and ColBERT outputs "
+                             "are BGE-M3's: index.dense.embedder: bge-m3)")
+        if role is not None and role not in ROLES:
+            raise ValueError(f"{self.name}: role must be one of {ROLES}, not {role!r}")
+        if max_length < 2 + self.APPEND_EOS:
+            raise ValueError(f"{self.name}: max_length {max_length} is too short")
+
+    def with_settings(self, **per_call) -> "TransformersEmbedder":
+        """The same loaded model with other `PER_CALL` settings (no second load)."""
+        unknown = set(per_call) - set(self.PER_CALL)
+        if unknown:
+            raise ValueError(f"{self.name}: {sorted(unknown)} change the loaded model, not a "
+                             f"call; per-call settings are {list(self.PER_CALL)}")
+        merged = {"dense": True, "sparse": False, "colbert": False, "role": self.role,
+                  "max_length": self.max_length, **per_call}
+        self._check(merged["dense"], merged["sparse"], merged["colbert"], merged["role"],
+                    merged["max_length"])
+        other = copy.copy(self)
+        for name in ("max_length", "batch_size", "text_column", "role"):
+            if name in per_call:
+                setattr(other, name, per_call[name])
+        other._fingerprint = {**self._fingerprint, "max_length": other.max_length}
+        other.info = {**self.info, "max_length": other.max_length, "role": other.role}
+        return other
+
+    @property
+    def fingerprint(self) -> dict:
+        """The settings as asked for, and the role: a query and a passage of the same text
+        get different vectors."""
+        return {**self._fingerprint, "role": self.role}
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        backend = self.tokenizer.backend_tokenizer
+        backend.no_truncation()
+        backend.no_padding()
+        extra = int(self.APPEND_EOS)
+        return [len(e) + extra for e in backend.encode_batch_fast(texts, add_special_tokens=True)]
+
+    def __call__(self, batch):
+        if self.role not in ROLES:
+            raise ValueError(f"{self.name}: say whether the texts are queries or passages "
+                             f"(role: {' or '.join(ROLES)})")
+        return super().__call__(batch)
+
+    # ---- encoding --------------------------------------------------------------------
+    def _input_ids(self, texts: list[str]) -> list[list[int]]:
+        prefix = self.PREFIXES[self.role]
+        room = self.max_length - int(self.APPEND_EOS)
+        ids = self.tokenizer([prefix + t for t in texts], truncation=True, max_length=room,
+                             add_special_tokens=True)["input_ids"]
+        if self.APPEND_EOS:
+            ids = [seq + [self.tokenizer.eos_token_id] for seq in ids]
+        return ids
+
+    def _encode_batch(self, texts: list[str]) -> list[dict]:
+        import torch
+
+        ids = self._input_ids(texts)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        pad = self.tokenizer.pad_token_id
+        pad = pad if pad is not None else 0  # right padding under the mask: any id works
+        out = np.zeros((len(ids), self.info["dim"]), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            width = max(len(ids[i]) for i in chunk)
+            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, i in enumerate(chunk):
+                input_ids[row, :len(ids[i])] = torch.tensor(ids[i])
+                mask[row, :len(ids[i])] = 1
+            input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+            with torch.inference_mode():
+                hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+                vecs = self._pool(hidden.float(), mask)
+                vecs = torch.nn.functional.normalize(vecs, p=2, dim=-1)
+            out[chunk] = vecs.cpu().numpy()
+        return [{"dense": v} for v in out]
+
+    def _pool(self, hidden, mask):
+        if self.POOLING == "mean":
+            m = mask.unsqueeze(-1).to(hidden.dtype)
+            return (hidden * m).sum(dim=1) / m.sum(dim=1)
+        if self.POOLING == "last":  # right padding: the last attended position
+            import torch
+
+            last = mask.sum(dim=1) - 1
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        raise ValueError(f"{self.name}: unknown pooling {self.POOLING!r}")
+
+
+class E5Embedder(TransformersEmbedder):
+    """multilingual-e5 (small/base/large; the paper uses large): mean pooling, prefixes."""
+
+    POOLING = "mean"
+    PREFIXES = {"query": "query: ", "passage": "passage: "}
+
+
+class RepLlamaEmbedder(TransformersEmbedder):
+    """RepLLaMA: last-token (appended </s>) pooling of a Llama decoder, prefixes. `model` is
+    a merged model or a LoRA adapter folder (adapter_config.json) whose base model is a
+    local path or a hub id in the local Hugging Face cache; the tokenizer is the base's."""
+
+    POOLING = "last"
+    PREFIXES = {"query": "query: ", "passage": "passage: "}
+    APPEND_EOS = True
+
+    def _load(self, model: str, dtype):
+        from transformers import AutoModel, AutoTokenizer
+
+        adapter = Path(model) / "adapter_config.json"
+        if not adapter.is_file():
+            tokenizer = AutoTokenizer.from_pretrained(model)
+            return tokenizer, AutoModel.from_pretrained(model, dtype=dtype)
+        from peft import PeftModel
+
+        base = json.loads(adapter.read_text())["base_model_name_or_path"]
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        merged = PeftModel.from_pretrained(AutoModel.from_pretrained(base, dtype=dtype),
+                                           model).merge_and_unload()
+        return tokenizer, merged
