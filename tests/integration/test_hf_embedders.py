@@ -1,9 +1,11 @@
 """The LLM-CLIR paper's transformers bi-encoders (actors/hf_embedders.py) against their
 reference implementations, on the tiny models of the same architectures (`xling models
-tiny`: e5, repllama):
+tiny`: e5, mgte, repllama):
 
 - E5: sentence-transformers loading the model's own modules (Transformer, mean Pooling,
   Normalize) and encoding the texts with the model card's "query: " / "passage: " prefixes;
+- mGTE: the model card's transformers code (`tokenizer(texts, max_length=..., padding=True,
+  truncation=True)`, `last_hidden_state[:, 0]`, `F.normalize(p=2)`), no prefix;
 - RepLLaMA: the model card's code, one text at a time (`tokenizer(f'query: {q}</s>')`, the
   last hidden state of the last token, L2-normalised), for a merged model and for a LoRA
   adapter merged the model card's way (PeftConfig, AutoModel, PeftModel.merge_and_unload).
@@ -78,6 +80,33 @@ def test_e5_is_sentence_transformers(e5, role):
     ref = ref_model.encode([f"{role}: {t}" for t in texts], batch_size=7,
                            normalize_embeddings=True, convert_to_numpy=True)
     _check(_embed("e5", e5, role, texts), ref, f"e5 {role}")
+
+
+@pytest.mark.parametrize("role", ["query", "passage"])
+def test_mgte_is_the_model_card(tiny_models, role):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    path = tiny_models["mgte"]
+    texts = (QUERIES if role == "query" else PASSAGES) + [LONG]
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path)
+    batch = tokenizer(texts, max_length=MAX_LENGTH, padding=True, truncation=True,
+                      return_tensors="pt")
+    with torch.no_grad():
+        ref = model.eval()(**batch).last_hidden_state[:, 0]
+    ref = torch.nn.functional.normalize(ref, p=2, dim=1).numpy()
+    _check(_embed("mgte", path, role, texts), ref, f"mgte {role}")
+
+
+def test_mgte_remote_code_checkpoint_is_refused_with_the_fix(tiny_models, tmp_path):
+    import shutil
+
+    original = tmp_path / "gte-multilingual-base"
+    shutil.copytree(tiny_models["mgte"], original)
+    config = json.loads((original / "config.json").read_text())
+    (original / "config.json").write_text(json.dumps({**config, "model_type": "new"}))
+    with pytest.raises(ValueError, match="alibaba-nlp-community/gte-multilingual-base"):
+        make_embedder(str(original), kind="mgte", device="cpu")
 
 
 def _card_vectors(model, tokenizer, role: str, texts: list[str]) -> np.ndarray:

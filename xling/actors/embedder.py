@@ -1,7 +1,7 @@
 """Text embedders: the `Embedder` protocol the index, retrieve and narrow stages use, the
 registry of implementations and `make_embedder`, the one place an embedder is built; the row
 handling they share (`RowEmbedder`); and BGE-M3 (`M3Embedder`, FlagEmbedding's
-`BGEM3FlagModel`). The LLM-CLIR paper's other first stages (E5, RepLLaMA) are in
+`BGEM3FlagModel`). The LLM-CLIR paper's other first stages (E5, mGTE, RepLLaMA) are in
 actors/hf_embedders.py.
 
 Each call says whether its texts are queries or passages (`role`, a per-call setting: index
@@ -86,6 +86,7 @@ EMBEDDERS = {
     "bge-m3": "xling.actors.embedder:M3Embedder",
     "e5": "xling.actors.hf_embedders:E5Embedder",
     "repllama": "xling.actors.hf_embedders:RepLlamaEmbedder",
+    "mgte": "xling.actors.hf_embedders:MGTEEmbedder",
 }
 DEFAULT = "bge-m3"
 

@@ -15,8 +15,16 @@ its model card prescribes, behind the `Embedder` protocol of actors/embedder.py.
               the adapter is merged into the base model named by its adapter_config.json,
               `PeftModel.from_pretrained(...).merge_and_unload()`).
 
-mGTE (Alibaba-NLP/gte-multilingual-base) and NV-Embed-v2 have no engine: see docs/design.md,
-"First stages without an engine".
+    mgte      Alibaba-NLP/gte-multilingual-base: its "new" encoder (RoPE, gated MLP), the
+              hidden state of the first token ([CLS] = <s>), no prefix, L2-normalised, up to
+              8192 tokens (model card, https://huggingface.co/Alibaba-NLP/gte-multilingual-base:
+              `outputs.last_hidden_state[:, 0]`, `F.normalize(p=2)`, `max_length=8192`; its
+              1_Pooling/config.json: pooling_mode_cls_token). transformers 5 runs it natively as
+              `GteModel` (model_type "gte", the converted checkpoint
+              alibaba-nlp-community/gte-multilingual-base); the original checkpoint's
+              model_type "new" needs trust_remote_code code, refused with the fix named.
+
+NV-Embed-v2 has no engine: see docs/design.md, "First stages without an engine".
 
 A text longer than `max_length` tokens (prefix and special tokens included) is truncated
 from the end; RepLLaMA's </s> is appended after truncation, so it always ends the input.
@@ -172,6 +180,8 @@ class TransformersEmbedder(RowEmbedder):
         if self.POOLING == "mean":
             m = mask.unsqueeze(-1).to(hidden.dtype)
             return (hidden * m).sum(dim=1) / m.sum(dim=1)
+        if self.POOLING == "cls":
+            return hidden[:, 0]
         if self.POOLING == "last":  # right padding: the last attended position
             import torch
 
@@ -185,6 +195,22 @@ class E5Embedder(TransformersEmbedder):
 
     POOLING = "mean"
     PREFIXES = {"query": "query: ", "passage": "passage: "}
+
+
+class MGTEEmbedder(TransformersEmbedder):
+    """gte-multilingual-base: first-token ([CLS]) pooling, no prefixes."""
+
+    POOLING = "cls"
+
+    def _load(self, model: str, dtype):
+        config = Path(model) / "config.json"
+        if config.is_file() and json.loads(config.read_text()).get("model_type") == "new":
+            raise ValueError(
+                f"{self.name}: {model} is the trust_remote_code checkpoint (model_type 'new', "
+                "code from Alibaba-NLP/new-impl, not installed); use the same weights in "
+                "transformers' own format, alibaba-nlp-community/gte-multilingual-base "
+                "(model_type 'gte', GteModel)")
+        return super()._load(model, dtype)
 
 
 class RepLlamaEmbedder(TransformersEmbedder):

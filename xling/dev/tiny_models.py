@@ -21,6 +21,7 @@ gibberish.
     xlmr_reranker XLMRobertaForSequenceClassification (num_labels=1) + XLMRobertaTokenizer
     e5          XLMRobertaModel + XLMRobertaTokenizer + multilingual-e5's sentence-transformers
                 files (mean pooling, Normalize)
+    mgte        GteModel (gte-multilingual-base's encoder: RoPE, gated MLP) + XLMRobertaTokenizer
     repllama    LlamaModel + a Llama-2 style LlamaTokenizer (<unk>=0 <s>=1 </s>=2), RepLLaMA
                 with its LoRA adapter merged
 
@@ -301,6 +302,7 @@ _LIBS = {
     "xlmr_reranker": _COMMON_LIBS,
     "e5": _COMMON_LIBS,
     "repllama": _COMMON_LIBS,
+    "mgte": _COMMON_LIBS,
 }
 
 
@@ -827,13 +829,25 @@ def _build_xlmr_reranker(out: Path, _deps: dict[str, Path]) -> None:
     model.save_pretrained(out)
 
 
-def _build_e5(out: Path, _deps: dict[str, Path]) -> None:
+_XLMR_TOKENIZER_FILES = ("sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json")
+
+
+def _copy_xlmr_tokenizer(source: Path, out: Path):
+    """bge_m3's XLM-R tokenizer files, copied (training one again costs seconds)."""
+    from transformers import AutoTokenizer
+
+    for name in _XLMR_TOKENIZER_FILES:
+        shutil.copyfile(source / name, out / name)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def _build_e5(out: Path, deps: dict[str, Path]) -> None:
     from transformers import XLMRobertaModel
 
     # intfloat/multilingual-e5-large: XLM-R (514 positions, as xlm-roberta-large) and the
     # sentence-transformers files its repository ships: Transformer (max_seq_length 512),
     # mean Pooling, Normalize.
-    tok = _xlmr_tokenizer(out)
+    tok = _copy_xlmr_tokenizer(deps["bge_m3"], out)
     config = _xlmr_config(len(tok), 64, initializer_range=0.2)
     config.max_position_embeddings = 514
     with _seeded(6):
@@ -856,6 +870,23 @@ def _build_e5(out: Path, _deps: dict[str, Path]) -> None:
          "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
          "pooling_mode_mean_sqrt_len_tokens": False}, indent=2))
     (out / "2_Normalize").mkdir()
+
+
+def _build_mgte(out: Path, deps: dict[str, Path]) -> None:
+    from transformers import GteConfig, GteModel
+
+    # alibaba-nlp-community/gte-multilingual-base (Alibaba-NLP/gte-multilingual-base in
+    # transformers' format): XLM-R's tokenizer (vocab 250048), 8192 positions by RoPE
+    # (theta 160000), no absolute positions, one token type, layer norm eps 1e-12.
+    tok = _copy_xlmr_tokenizer(deps["bge_m3"], out)
+    config = GteConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, intermediate_size=128, max_position_embeddings=8192,
+                       type_vocab_size=1, layer_norm_eps=1e-12, pad_token_id=1,
+                       initializer_range=0.2, dtype="float32")
+    with _seeded(8):
+        model = GteModel(config).eval()
+    model.config.initializer_range = 0.02
+    model.save_pretrained(out)
 
 
 def _build_repllama(out: Path, _deps: dict[str, Path]) -> None:
@@ -893,8 +924,9 @@ _BUILDERS: dict[str, tuple[Callable[[Path, dict[str, Path]], None], tuple[str, .
     "llama_chat": (_build_llama_chat, ()),
     "nli_deberta": (_build_nli_deberta, ()),
     "xlmr_reranker": (_build_xlmr_reranker, ()),
-    "e5": (_build_e5, ()),
+    "e5": (_build_e5, ("bge_m3",)),
     "repllama": (_build_repllama, ()),
+    "mgte": (_build_mgte, ("bge_m3",)),
 }
 
 
@@ -909,8 +941,8 @@ def build_tiny_models(
     """Build (or reuse) the tiny models under ``cache_dir``.
 
     Returns {"nllb_hf": ..., "nllb_ct2": ..., "bge_m3": ..., "llama_chat": ..., "nli_deberta":
-    ..., "xlmr_reranker": ..., "e5": ..., "repllama": ...} (core/models.py's TINY_MODELS, in
-    order). A model whose
+    ..., "xlmr_reranker": ..., "e5": ..., "repllama": ..., "mgte": ...} (core/models.py's
+    TINY_MODELS, in order). A model whose
     marker matches this build version, the installed library versions and its files is reused;
     ``force=True`` rebuilds all of them.
     """
