@@ -1,11 +1,18 @@
 """The LLM-CLIR paper's transformers bi-encoders (actors/hf_embedders.py) against their
 reference implementations, on the tiny models of the same architectures (`xling models
-tiny`: e5, mgte, repllama):
+tiny`: e5, mgte, repllama, nv_embed):
 
 - E5: sentence-transformers loading the model's own modules (Transformer, mean Pooling,
   Normalize) and encoding the texts with the model card's "query: " / "passage: " prefixes;
 - mGTE: the model card's transformers code (`tokenizer(texts, max_length=..., padding=True,
   truncation=True)`, `last_hidden_state[:, 0]`, `F.normalize(p=2)`), no prefix;
+- NV-Embed-v2: its model code's computation written out here from the weights' file (its
+  hub code does not load under transformers 5: docs/design.md): the inputs as its
+  `input_transform_func` makes them (instruction + text + </s>, right padding with </s>),
+  transformers' MistralModel under `_prepare_4d_attention_mask` (the non-causal mask it
+  uses), the latent attention as einsums (pre-norms, cross attention to the latents, the
+  GELU-gated MLP, residuals), the mean over `pool_mask` (the instruction's first tokens
+  left out, as its `prepare_kwargs_from_batch`), L2-normalised;
 - RepLLaMA: the model card's code, one text at a time (`tokenizer(f'query: {q}</s>')`, the
   last hidden state of the last token, L2-normalised), for a merged model and for a LoRA
   adapter merged the model card's way (PeftConfig, AutoModel, PeftModel.merge_and_unload).
@@ -107,6 +114,67 @@ def test_mgte_remote_code_checkpoint_is_refused_with_the_fix(tiny_models, tmp_pa
     (original / "config.json").write_text(json.dumps({**config, "model_type": "new"}))
     with pytest.raises(ValueError, match="alibaba-nlp-community/gte-multilingual-base"):
         make_embedder(str(original), kind="mgte", device="cpu")
+
+
+def _nv_embed_reference(path: str, role: str, texts: list[str]) -> np.ndarray:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, MistralConfig, MistralModel
+    from transformers.modeling_attn_mask_utils import _prepare_4d_attention_mask
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    weights = load_file(str(Path(path) / "model.safetensors"))
+    decoder = MistralModel(MistralConfig(**{k: v for k, v in config["text_config"].items()
+                                            if k not in ("_name_or_path", "model_type")}))
+    decoder.load_state_dict({k.removeprefix("embedding_model."): v for k, v in weights.items()
+                             if k.startswith("embedding_model.")})
+    w = {k.removeprefix("latent_attention_model."): v for k, v in weights.items()
+         if k.startswith("latent_attention_model.")}
+    heads = config["latent_attention_config"]["num_cross_heads"]
+
+    instruction = ("Instruct: Given a question, retrieve passages that answer the question\n"
+                   "Query: " if role == "query" else "")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, "right"
+    batch = tokenizer([instruction + t + tokenizer.eos_token for t in texts], padding=True,
+                      truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
+    mask = batch["attention_mask"]
+    with torch.no_grad():
+        h = decoder.eval()(input_ids=batch["input_ids"], use_cache=False,
+                           attention_mask=_prepare_4d_attention_mask(mask, torch.float32)
+                           ).last_hidden_state
+
+        def norm(x, name):
+            return torch.nn.functional.layer_norm(x, x.shape[-1:], w[f"{name}.weight"],
+                                                  w[f"{name}.bias"])
+
+        x = norm(h, "cross_attend_blocks.0.norm")
+        c = norm(w["latents"], "cross_attend_blocks.0.norm_context")
+        q = x @ w["cross_attend_blocks.0.fn.to_q.weight"].T
+        k, v = (c @ w["cross_attend_blocks.0.fn.to_kv.weight"].T).chunk(2, dim=-1)
+        q = q.unflatten(-1, (heads, -1))                      # b n h d
+        k, v = k.unflatten(-1, (heads, -1)), v.unflatten(-1, (heads, -1))  # r h d
+        att = torch.einsum("bnhd,rhd->bhnr", q, k) / q.shape[-1] ** 0.5
+        out = torch.einsum("bhnr,rhd->bnhd", att.softmax(-1), v).flatten(-2)
+        h = out @ w["cross_attend_blocks.0.fn.to_out.weight"].T + h
+        y = norm(h, "cross_attend_blocks.1.norm")
+        y = y @ w["cross_attend_blocks.1.fn.net.0.weight"].T + w["cross_attend_blocks.1.fn.net.0.bias"]
+        a, gates = y.chunk(2, dim=-1)
+        h = (a * torch.nn.functional.gelu(gates)) @ w["cross_attend_blocks.1.fn.net.2.weight"].T \
+            + w["cross_attend_blocks.1.fn.net.2.bias"] + h
+        pool = mask.clone()
+        if instruction:
+            pool[:, :len(tokenizer.tokenize(instruction))] = 0
+        vec = (h * pool.unsqueeze(-1)).sum(1) / pool.sum(1, keepdim=True)
+    return torch.nn.functional.normalize(vec, p=2, dim=-1).numpy()
+
+
+@pytest.mark.parametrize("role", ["query", "passage"])
+def test_nv_embed_is_its_model_code(tiny_models, role):
+    path = tiny_models["nv_embed"]
+    texts = (QUERIES if role == "query" else PASSAGES) + [LONG]
+    _check(_embed("nv-embed", path, role, texts), _nv_embed_reference(path, role, texts),
+           f"nv-embed {role}")
 
 
 def _card_vectors(model, tokenizer, role: str, texts: list[str]) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Text embedders: the `Embedder` protocol the index, retrieve and narrow stages use, the
 registry of implementations and `make_embedder`, the one place an embedder is built; the row
 handling they share (`RowEmbedder`); and BGE-M3 (`M3Embedder`, FlagEmbedding's
-`BGEM3FlagModel`). The LLM-CLIR paper's other first stages (E5, mGTE, RepLLaMA) are in
+`BGEM3FlagModel`). The LLM-CLIR paper's other first stages (E5, mGTE, RepLLaMA, NV-Embed-v2) are in
 actors/hf_embedders.py.
 
 Each call says whether its texts are queries or passages (`role`, a per-call setting: index
@@ -87,6 +87,7 @@ EMBEDDERS = {
     "e5": "xling.actors.hf_embedders:E5Embedder",
     "repllama": "xling.actors.hf_embedders:RepLlamaEmbedder",
     "mgte": "xling.actors.hf_embedders:MGTEEmbedder",
+    "nv-embed": "xling.actors.hf_embedders:NVEmbedEmbedder",
 }
 DEFAULT = "bge-m3"
 

@@ -24,7 +24,8 @@ its model card prescribes, behind the `Embedder` protocol of actors/embedder.py.
               alibaba-nlp-community/gte-multilingual-base); the original checkpoint's
               model_type "new" needs trust_remote_code code, refused with the fix named.
 
-NV-Embed-v2 has no engine: see docs/design.md, "First stages without an engine".
+    nv-embed  nvidia/NV-Embed-v2: Mistral-7B made bidirectional, latent-attention pooling,
+              the query instruction; see the section at the end of this module.
 
 A text longer than `max_length` tokens (prefix and special tokens included) is truncated
 from the end; RepLLaMA's </s> is appended after truncation, so it always ends the input.
@@ -32,6 +33,7 @@ from the end; RepLLaMA's </s> is appended after truncation, so it always ends th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -170,11 +172,14 @@ class TransformersEmbedder(RowEmbedder):
                 mask[row, :len(ids[i])] = 1
             input_ids, mask = input_ids.to(self.device), mask.to(self.device)
             with torch.inference_mode():
-                hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-                vecs = self._pool(hidden.float(), mask)
-                vecs = torch.nn.functional.normalize(vecs, p=2, dim=-1)
+                vecs = torch.nn.functional.normalize(self._forward(input_ids, mask), p=2, dim=-1)
             out[chunk] = vecs.cpu().numpy()
         return [{"dense": v} for v in out]
+
+    def _forward(self, input_ids, mask):
+        """The pooled (not yet normalised) float32 vectors of one padded batch."""
+        hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        return self._pool(hidden.float(), mask)
 
     def _pool(self, hidden, mask):
         if self.POOLING == "mean":
@@ -236,3 +241,164 @@ class RepLlamaEmbedder(TransformersEmbedder):
         merged = PeftModel.from_pretrained(AutoModel.from_pretrained(base, dtype=dtype),
                                            model).merge_and_unload()
         return tokenizer, merged
+
+
+# ---- NV-Embed-v2 -----------------------------------------------------------------------
+# nvidia/NV-Embed-v2 (paper L97; Lee et al., ICLR 2025): Mistral-7B with its causal mask
+# removed, then a latent-attention layer: the token states attend to 512 trained latents
+# (8 heads, cross attention, no mask), a GELU-gated MLP, both with residuals and pre-layer
+# norms, then the mean over the tokens, instruction tokens left out, L2-normalised. Its hub
+# code (modeling_nvembed.py, trust_remote_code) targets transformers 4.42 and does not load
+# under transformers 5; this is the same computation on transformers' MistralModel, the
+# checkpoint's weights loaded under its own names (`embedding_model.*`,
+# `latent_attention_model.*`). Model card (https://huggingface.co/nvidia/NV-Embed-v2): queries
+# get "Instruct: Given a question, retrieve passages that answer the question\nQuery: ",
+# passages nothing; every input ends in </s> before tokenization (`add_eos`), padding on the
+# right with </s>.
+
+
+class LatentAttention:
+    """Builds the latent-attention pooling module (torch is imported on use)."""
+
+    @staticmethod
+    def build(hidden: int, num_latents: int, heads: int, dim_head: int):
+        import torch
+        from torch import nn
+
+        class CrossAttention(nn.Module):
+            def __init__(self):
+                super().__init__()
+                inner = heads * dim_head
+                self.to_q = nn.Linear(hidden, inner, bias=False)
+                self.to_kv = nn.Linear(hidden, 2 * inner, bias=False)
+                self.to_out = nn.Linear(inner, hidden, bias=False)
+
+            def forward(self, x, context):
+                b, n, _ = x.shape
+                q = self.to_q(x).view(b, n, heads, dim_head).transpose(1, 2)
+                k, v = (t.view(b, -1, heads, dim_head).transpose(1, 2)
+                        for t in self.to_kv(context).chunk(2, dim=-1))
+                out = nn.functional.scaled_dot_product_attention(q, k, v)
+                return self.to_out(out.transpose(1, 2).reshape(b, n, heads * dim_head))
+
+        class GatedFeedForward(nn.Module):
+            def __init__(self, mult: int = 4):
+                super().__init__()
+                self.net = nn.Sequential(nn.Linear(hidden, hidden * mult * 2), nn.Identity(),
+                                         nn.Linear(hidden * mult, hidden))
+
+            def forward(self, x):
+                x, gates = self.net[0](x).chunk(2, dim=-1)
+                return self.net[2](x * nn.functional.gelu(gates))
+
+        class PreNorm(nn.Module):
+            def __init__(self, fn, context: bool):
+                super().__init__()
+                self.fn, self.norm = fn, nn.LayerNorm(hidden)
+                self.norm_context = nn.LayerNorm(hidden) if context else None
+
+            def forward(self, x, context=None):
+                if self.norm_context is None:
+                    return self.fn(self.norm(x))
+                return self.fn(self.norm(x), self.norm_context(context))
+
+        class Pooling(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.cross_attend_blocks = nn.ModuleList([PreNorm(CrossAttention(), True),
+                                                          PreNorm(GatedFeedForward(), False)])
+                self.latents = nn.Parameter(torch.zeros(num_latents, hidden))
+
+            def forward(self, hidden_states, pool_mask):
+                attend, feed = self.cross_attend_blocks
+                latents = self.latents.unsqueeze(0).expand(hidden_states.shape[0], -1, -1)
+                h = attend(hidden_states, latents) + hidden_states
+                h = feed(h) + h
+                m = pool_mask.unsqueeze(-1).to(h.dtype)
+                return (h * m).sum(dim=1) / m.sum(dim=1)
+
+        return Pooling()
+
+
+class NVEmbedEmbedder(TransformersEmbedder):
+    """NV-Embed-v2: bidirectional Mistral + latent-attention pooling; the query instruction
+    is left out of the pooling as the model's code does (its first n positions, n = the
+    instruction's token count without <s>)."""
+
+    POOLING = "latent"
+    PREFIXES = {"query": "Instruct: Given a question, retrieve passages that answer the "
+                         "question\nQuery: ", "passage": ""}
+
+    def _load(self, model: str, dtype):
+        from safetensors import safe_open
+        from transformers import AutoTokenizer, MistralConfig, MistralModel
+
+        config = json.loads((Path(model) / "config.json").read_text())
+        text = {k: v for k, v in config["text_config"].items()
+                if k not in ("_name_or_path", "architectures", "model_type", "auto_map")}
+        with _quiet_transformers():
+            # The pooling's weights are in the same files: loaded below, not unexpected.
+            decoder = MistralModel.from_pretrained(
+                model, config=MistralConfig(**text), dtype=dtype,
+                key_mapping={r"^embedding_model\.": ""})
+        for layer in decoder.layers:
+            layer.self_attn.is_causal = False
+        la = config["latent_attention_config"]
+        pooling = LatentAttention.build(la["hidden_dim"], la["num_latents_value"],
+                                        la["num_cross_heads"], la["cross_dim_head"])
+        prefix, state = "latent_attention_model.", {}
+        for shard in sorted(Path(model).glob("*.safetensors")):
+            with safe_open(str(shard), "pt") as f:
+                for key in f.keys():
+                    if key.startswith(prefix):
+                        state[key[len(prefix):]] = f.get_tensor(key)
+        pooling.load_state_dict(state)
+        with _quiet_transformers():  # it reads config.json, of a model_type it does not know
+            tokenizer = AutoTokenizer.from_pretrained(model)
+        tokenizer.pad_token = tokenizer.eos_token  # the model's add_pad_token
+        return tokenizer, _NVEmbed(decoder, pooling.to(dtype))
+
+    def _input_ids(self, texts: list[str]) -> list[list[int]]:
+        # </s> is text before tokenization, as the model's code adds it: a text cut at
+        # max_length loses it.
+        prefix, eos = self.PREFIXES[self.role], self.tokenizer.eos_token
+        return self.tokenizer([prefix + t + eos for t in texts], truncation=True,
+                              max_length=self.max_length)["input_ids"]
+
+    def _forward(self, input_ids, mask):
+        from transformers.modeling_attn_mask_utils import _prepare_4d_attention_mask
+
+        decoder = self.model.decoder
+        full = _prepare_4d_attention_mask(mask, decoder.dtype)  # every token sees every token
+        hidden = decoder(input_ids=input_ids, attention_mask=full, use_cache=False
+                         ).last_hidden_state
+        pool = mask.clone()
+        prefix = self.PREFIXES[self.role]
+        if prefix:
+            pool[:, :len(self.tokenizer.tokenize(prefix))] = 0
+        return self.model.pooling(hidden, pool).float()
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _NVEmbed(decoder, pooling):
+    """The decoder and the pooling as one module (one `.to(device)`, `.eval()`, dtype)."""
+    import torch
+
+    class NVEmbed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.decoder, self.pooling = decoder, pooling
+            self.config = decoder.config
+
+    return NVEmbed()

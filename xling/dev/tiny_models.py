@@ -22,6 +22,9 @@ gibberish.
     e5          XLMRobertaModel + XLMRobertaTokenizer + multilingual-e5's sentence-transformers
                 files (mean pooling, Normalize)
     mgte        GteModel (gte-multilingual-base's encoder: RoPE, gated MLP) + XLMRobertaTokenizer
+    nv_embed    NV-Embed-v2's layout: a bidirectional MistralModel under `embedding_model.` and
+                the latent-attention pooling under `latent_attention_model.`, one safetensors
+                file, its config.json (text_config, latent_attention_config), Llama tokenizer
     repllama    LlamaModel + a Llama-2 style LlamaTokenizer (<unk>=0 <s>=1 </s>=2), RepLLaMA
                 with its LoRA adapter merged
 
@@ -303,6 +306,7 @@ _LIBS = {
     "e5": _COMMON_LIBS,
     "repllama": _COMMON_LIBS,
     "mgte": _COMMON_LIBS,
+    "nv_embed": _COMMON_LIBS,
 }
 
 
@@ -889,6 +893,51 @@ def _build_mgte(out: Path, deps: dict[str, Path]) -> None:
     model.save_pretrained(out)
 
 
+def _build_nv_embed(out: Path, deps: dict[str, Path]) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, MistralConfig, MistralModel
+
+    from xling.actors.hf_embedders import LatentAttention
+
+    # nvidia/NV-Embed-v2: Mistral-7B-v0.1's tokenizer (Llama's sentencepiece layout, <unk>=0
+    # <s>=1 </s>=2: repllama's files), its config.json's text_config (Mistral) and
+    # latent_attention_config (512 latents of the hidden size, 8 heads of the hidden size;
+    # here 16 latents, 2 heads), the weights under `embedding_model.` and
+    # `latent_attention_model.`.
+    for name in ("tokenizer.model", "tokenizer.json", "tokenizer_config.json"):
+        if (deps["repllama"] / name).is_file():
+            shutil.copyfile(deps["repllama"] / name, out / name)
+    tok = AutoTokenizer.from_pretrained(out)
+    hidden = 64
+    text = MistralConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                         rope_theta=10000.0, sliding_window=None, initializer_range=0.2,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         dtype="float32")
+    latent = {"model_type": "latent_attention", "num_latents_value": 16, "num_cross_heads": 2,
+              "cross_dim_head": hidden, "latent_dim": hidden, "hidden_dim": hidden,
+              "output_normalize": True}
+    with _seeded(9):
+        decoder = MistralModel(text).eval()
+        pooling = LatentAttention.build(hidden, latent["num_latents_value"],
+                                        latent["num_cross_heads"], latent["cross_dim_head"])
+        with torch.no_grad():
+            pooling.latents.normal_()
+    text.initializer_range = 0.02
+    state = {f"embedding_model.{k}": v for k, v in decoder.state_dict().items()}
+    state.update({f"latent_attention_model.{k}": v for k, v in pooling.state_dict().items()})
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    config = {"architectures": ["NVEmbedModel"], "model_type": "nvembed",
+              "text_config": {**text.to_dict(), "_name_or_path": "nvidia/NV-Embed-v2"},
+              "latent_attention_config": latent, "padding_side": "right",
+              "is_mask_instruction": True, "add_eos": True, "add_pad_token": True,
+              "mask_type": "b", "torch_dtype": "float32"}
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
 def _build_repllama(out: Path, _deps: dict[str, Path]) -> None:
     from tokenizers.models import BPE
     from transformers import LlamaConfig, LlamaModel, LlamaTokenizer
@@ -927,6 +976,7 @@ _BUILDERS: dict[str, tuple[Callable[[Path, dict[str, Path]], None], tuple[str, .
     "e5": (_build_e5, ("bge_m3",)),
     "repllama": (_build_repllama, ()),
     "mgte": (_build_mgte, ("bge_m3",)),
+    "nv_embed": (_build_nv_embed, ("repllama",)),
 }
 
 
@@ -941,8 +991,8 @@ def build_tiny_models(
     """Build (or reuse) the tiny models under ``cache_dir``.
 
     Returns {"nllb_hf": ..., "nllb_ct2": ..., "bge_m3": ..., "llama_chat": ..., "nli_deberta":
-    ..., "xlmr_reranker": ..., "e5": ..., "repllama": ..., "mgte": ...} (core/models.py's
-    TINY_MODELS, in order). A model whose
+    ..., "xlmr_reranker": ..., "e5": ..., "repllama": ..., "mgte": ..., "nv_embed": ...}
+    (core/models.py's TINY_MODELS, in order). A model whose
     marker matches this build version, the installed library versions and its files is reused;
     ``force=True`` rebuilds all of them.
     """

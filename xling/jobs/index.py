@@ -86,12 +86,12 @@ class EmbedParallelism(Parallelism):
 class DenseModel(Strict):
     """A bi-encoder: BGE-M3 through FlagEmbedding's BGEM3FlagModel (the default), or another
     `Embedder` named by its registry key (actors/embedder.py's EMBEDDERS: e5, repllama,
-    mgte)."""
+    mgte, nv-embed)."""
 
     embedder: str | None = Field(
         None, json_schema_extra={"hash": "if_set"},
         description="the embedder's registry key: bge-m3 (the default), e5, mgte, "
-                          "repllama")
+                          "repllama, nv-embed")
     model: str = Field("tiny:bge_m3", description="hub id, local path, or tiny:<name> "
                                                   "(tiny:bge_m3, tiny:e5, tiny:mgte, ...)")
     max_length: int = Field(512, ge=8, description="passage max tokens (the papers use 512)")
