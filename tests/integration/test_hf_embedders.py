@@ -158,10 +158,10 @@ def _nv_embed_reference(path: str, role: str, texts: list[str]) -> np.ndarray:
         out = torch.einsum("bhnr,rhd->bnhd", att.softmax(-1), v).flatten(-2)
         h = out @ w["cross_attend_blocks.0.fn.to_out.weight"].T + h
         y = norm(h, "cross_attend_blocks.1.norm")
-        y = y @ w["cross_attend_blocks.1.fn.net.0.weight"].T + w["cross_attend_blocks.1.fn.net.0.bias"]
+        ff = "cross_attend_blocks.1.fn.net"
+        y = y @ w[f"{ff}.0.weight"].T + w[f"{ff}.0.bias"]
         a, gates = y.chunk(2, dim=-1)
-        h = (a * torch.nn.functional.gelu(gates)) @ w["cross_attend_blocks.1.fn.net.2.weight"].T \
-            + w["cross_attend_blocks.1.fn.net.2.bias"] + h
+        h = (a * torch.nn.functional.gelu(gates)) @ w[f"{ff}.2.weight"].T + w[f"{ff}.2.bias"] + h
         pool = mask.clone()
         if instruction:
             pool[:, :len(tokenizer.tokenize(instruction))] = 0

@@ -24,7 +24,8 @@ from xling.dev.tiny_models import MARKER, build_tiny_models, tiny_model_paths
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-ALL = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat", "nli_deberta", "xlmr_reranker")
+ALL = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat", "nli_deberta", "xlmr_reranker", "e5",
+       "repllama", "mgte", "nv_embed")
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,8 @@ def test_the_embedder_is_named_by_its_registry_key(tmp_path):
 
 
 def test_unknown_embedder_and_missing_outputs_are_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="unknown embedder 'gte'.*bge-m3, e5, repllama, mgte, nv-embed"):
+    with pytest.raises(ConfigError,
+                       match="unknown embedder 'gte'.*bge-m3, e5, repllama, mgte, nv-embed"):
         _load(tmp_path, "index.dense.embedder=gte")
     with pytest.raises(ConfigError, match="embedder repllama has no colbert output"):
         _load(tmp_path, "index.dense.embedder=repllama", "index.dense.colbert=true")

@@ -1,8 +1,8 @@
 """Text embedders: the `Embedder` protocol the index, retrieve and narrow stages use, the
 registry of implementations and `make_embedder`, the one place an embedder is built; the row
 handling they share (`RowEmbedder`); and BGE-M3 (`M3Embedder`, FlagEmbedding's
-`BGEM3FlagModel`). The LLM-CLIR paper's other first stages (E5, mGTE, RepLLaMA, NV-Embed-v2) are in
-actors/hf_embedders.py.
+`BGEM3FlagModel`). The LLM-CLIR paper's other first stages (E5, mGTE, RepLLaMA,
+NV-Embed-v2) are in actors/hf_embedders.py.
 
 Each call says whether its texts are queries or passages (`role`, a per-call setting: index
 embeds passages, retrieve queries), for the models that prefix or pool them differently.
@@ -325,7 +325,6 @@ class RowEmbedder(_Settings):
         return cols
 
 
-
 class M3Embedder(RowEmbedder):
     """BGE-M3 for `map_batches`: dense (default), sparse and ColBERT outputs.
 
@@ -481,7 +480,7 @@ def _lists(parts: list[np.ndarray | None], dtype, mask: pa.Array) -> pa.Array:
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > np.iinfo(np.int32).max:
-        raise ValueError("M3Embedder: batch too large for a list<> column; use smaller batches")
+        raise ValueError("embedder: batch too large for a list<> column; use smaller batches")
     values = (np.concatenate([p for p in parts if p is not None]).astype(dtype, copy=False)
               if offsets[-1] else np.zeros(0, dtype))
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values),

@@ -14,7 +14,6 @@ its model card prescribes, behind the `Embedder` protocol of actors/embedder.py.
               `tokenizer(f'query: {query}</s>')`, `last_hidden_state[0][-1]`, `normalize`;
               the adapter is merged into the base model named by its adapter_config.json,
               `PeftModel.from_pretrained(...).merge_and_unload()`).
-
     mgte      Alibaba-NLP/gte-multilingual-base: its "new" encoder (RoPE, gated MLP), the
               hidden state of the first token ([CLS] = <s>), no prefix, L2-normalised, up to
               8192 tokens (model card, https://huggingface.co/Alibaba-NLP/gte-multilingual-base:
@@ -23,12 +22,12 @@ its model card prescribes, behind the `Embedder` protocol of actors/embedder.py.
               `GteModel` (model_type "gte", the converted checkpoint
               alibaba-nlp-community/gte-multilingual-base); the original checkpoint's
               model_type "new" needs trust_remote_code code, refused with the fix named.
-
     nv-embed  nvidia/NV-Embed-v2: Mistral-7B made bidirectional, latent-attention pooling,
               the query instruction; see the section at the end of this module.
 
 A text longer than `max_length` tokens (prefix and special tokens included) is truncated
-from the end; RepLLaMA's </s> is appended after truncation, so it always ends the input.
+from the end. RepLLaMA's </s> is appended after truncation, so it always ends the input;
+NV-Embed-v2's is text before tokenization, as its model code adds it, so a cut text loses it.
 """
 
 from __future__ import annotations
@@ -50,8 +49,8 @@ ROLES = ("query", "passage")
 
 class TransformersEmbedder(RowEmbedder):
     """A bi-encoder of `AutoModel` + `AutoTokenizer`: a subclass names its `POOLING` ("mean"
-    over the attention mask, or "last": the appended end-of-sequence token) and its
-    `PREFIXES` per role. Dense vectors only, L2-normalised, float32.
+    over the attention mask, "cls": the first token, or "last": the appended end-of-sequence
+    token) and its `PREFIXES` per role. Dense vectors only, L2-normalised, float32.
 
     `role` ("query" or "passage") is a per-call setting (index embeds passages, retrieve
     queries); a call without one fails before any work. `use_fp16` is honoured on CUDA only,
@@ -71,6 +70,7 @@ class TransformersEmbedder(RowEmbedder):
         import torch
 
         self.name = type(self).__name__
+        self._check(dense, sparse, colbert, role, max_length)  # before the load
         if device is None:
             device = "cuda:0" if torch.cuda.is_available() else "cpu"
         note, asked_fp16 = None, use_fp16
@@ -82,7 +82,6 @@ class TransformersEmbedder(RowEmbedder):
                                                 torch.float32)
         self.model.to(device).eval()
         self.max_length, self.batch_size, self.text_column = max_length, batch_size, text_column
-        self._check(dense, sparse, colbert, role, max_length)
         self.role = role
         self.device = device
         self._fingerprint = {"max_length": max_length, "fp16": asked_fp16}

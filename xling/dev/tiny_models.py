@@ -21,7 +21,7 @@ gibberish.
     xlmr_reranker XLMRobertaForSequenceClassification (num_labels=1) + XLMRobertaTokenizer
     e5          XLMRobertaModel + XLMRobertaTokenizer + multilingual-e5's sentence-transformers
                 files (mean pooling, Normalize)
-    mgte        GteModel (gte-multilingual-base's encoder: RoPE, gated MLP) + XLMRobertaTokenizer
+    mgte        GteModel (gte-multilingual-base's encoder: RoPE, gated MLP) + XLM-R's tokenizer
     nv_embed    NV-Embed-v2's layout: a bidirectional MistralModel under `embedding_model.` and
                 the latent-attention pooling under `latent_attention_model.`, one safetensors
                 file, its config.json (text_config, latent_attention_config), Llama tokenizer
@@ -884,9 +884,9 @@ def _build_mgte(out: Path, deps: dict[str, Path]) -> None:
     # (theta 160000), no absolute positions, one token type, layer norm eps 1e-12.
     tok = _copy_xlmr_tokenizer(deps["bge_m3"], out)
     config = GteConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, intermediate_size=128, max_position_embeddings=8192,
-                       type_vocab_size=1, layer_norm_eps=1e-12, pad_token_id=1,
-                       initializer_range=0.2, dtype="float32")
+                       num_attention_heads=4, intermediate_size=128,
+                       max_position_embeddings=8192, type_vocab_size=1, layer_norm_eps=1e-12,
+                       pad_token_id=1, initializer_range=0.2, dtype="float32")
     with _seeded(8):
         model = GteModel(config).eval()
     model.config.initializer_range = 0.02
