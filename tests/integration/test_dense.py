@@ -324,7 +324,7 @@ def test_bge_m3_is_an_embedder_built_in_one_place(embedder, tiny_models):
     from xling.actors.embedder import (EMBEDDERS, Embedder, M3Embedder, MultiVector,
                                        make_embedder)
 
-    assert set(EMBEDDERS) == {"bge-m3"}
+    assert set(EMBEDDERS) == {"bge-m3", "e5", "mgte", "repllama", "nv-embed"}
     assert isinstance(embedder, Embedder) and isinstance(embedder, MultiVector)
     assert embedder.dim == embedder.info["dim"]
     assert embedder.fingerprint == {"max_length": 512, "fp16": False}
@@ -334,8 +334,8 @@ def test_bge_m3_is_an_embedder_built_in_one_place(embedder, tiny_models):
     assert embedder.count_tokens(texts) == want and want[1] > 512  # never truncated
     built = make_embedder(tiny_models["bge_m3"], kind="bge-m3", max_length=64, batch_size=4)
     assert type(built) is M3Embedder and built.fingerprint == {"max_length": 64, "fp16": False}
-    with pytest.raises(ValueError, match="unknown embedder 'e5'; use one of: bge-m3"):
-        make_embedder(tiny_models["bge_m3"], kind="e5")
+    with pytest.raises(ValueError, match="unknown embedder 'gte'; use one of: bge-m3, e5"):
+        make_embedder(tiny_models["bge_m3"], kind="gte")
 
 
 def test_store_embedder_embeds_each_text_once_and_caches_it(embedder, tiny_models, tmp_path):

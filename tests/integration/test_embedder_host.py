@@ -84,3 +84,35 @@ def test_hosted_embedder_gives_what_a_local_one_gives(tiny_models, ray_local):
         assert got["n_tokens"].to_pylist()[0] > 10 and got["error"].to_pylist()[5]
     finally:
         ray.kill(host)
+
+
+def test_one_hosted_e5_embeds_passages_and_queries(tiny_models, ray_local):
+    """E5 (actors/hf_embedders.py) on one host for index and retrieve: each stage's calls
+    carry its role, and a role is a call's prefix ("passage: " / "query: "), not the load's."""
+    import ray
+
+    from xling.actors.embedder import make_embedder
+    from xling.core.config import Parallelism
+    from xling.core.hosts import embedder_spec, start_hosts
+
+    path = tiny_models["e5"]
+    spec = embedder_spec("tiny:e5", path, Parallelism(), use_fp16=False, device="cpu",
+                         kind="e5")
+    [host] = start_hosts(spec, 1, 1, 0)
+    try:
+        passages = pa.table({"contents": TEXTS})
+        index = dict(kind="e5", max_length=16, batch_size=4, dense=True, sparse=False,
+                     colbert=False, text_column="contents", role="passage")
+        p_hosted = make_embedder(path, hosts=[host], **index)
+        _assert_same(p_hosted(passages), make_embedder(path, device="cpu", **index)(passages))
+        queries = pa.table({"text": TEXTS})
+        retrieve = dict(kind="e5", max_length=64, batch_size=2, role="query")
+        q_hosted = make_embedder(path, hosts=[host], **retrieve)
+        _assert_same(q_hosted(queries), make_embedder(path, device="cpu", **retrieve)(queries))
+        assert (p_hosted.fingerprint["role"], q_hosted.fingerprint["role"]) == ("passage",
+                                                                               "query")
+        as_passage = make_embedder(path, hosts=[host], **{**retrieve, "role": "passage"})
+        assert not np.allclose(q_hosted(queries)["dense"].to_pylist()[0],
+                               as_passage(queries)["dense"].to_pylist()[0])
+    finally:
+        ray.kill(host)

@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 ALL = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat", "nli_deberta", "xlmr_reranker", "aya_hf",
-       "aya_ct2")
+       "aya_ct2", "e5", "repllama", "mgte", "nv_embed")
 
 
 @pytest.fixture(scope="session")

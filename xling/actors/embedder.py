@@ -1,6 +1,11 @@
 """Text embedders: the `Embedder` protocol the index, retrieve and narrow stages use, the
-registry of implementations and `make_embedder`, the one place an embedder is built; and
-BGE-M3 (`M3Embedder`, FlagEmbedding's `BGEM3FlagModel`), the one implementation so far.
+registry of implementations and `make_embedder`, the one place an embedder is built; the row
+handling they share (`RowEmbedder`); and BGE-M3 (`M3Embedder`, FlagEmbedding's
+`BGEM3FlagModel`). The LLM-CLIR paper's other first stages (E5, mGTE, RepLLaMA,
+NV-Embed-v2) are in actors/hf_embedders.py.
+
+Each call says whether its texts are queries or passages (`role`, a per-call setting: index
+embeds passages, retrieve queries), for the models that prefix or pool them differently.
 
 An embedder is loaded once per actor, or once per run for stages next to each other that
 ask for the same model (`EmbedderHost`, `HostedEmbedder`; core/hosts.py). `__call__(batch)
@@ -79,6 +84,10 @@ class MultiVector(Embedder, Protocol):
 # name -> "module:Class" of an Embedder whose constructor takes (model, **settings).
 EMBEDDERS = {
     "bge-m3": "xling.actors.embedder:M3Embedder",
+    "e5": "xling.actors.hf_embedders:E5Embedder",
+    "repllama": "xling.actors.hf_embedders:RepLlamaEmbedder",
+    "mgte": "xling.actors.hf_embedders:MGTEEmbedder",
+    "nv-embed": "xling.actors.hf_embedders:NVEmbedEmbedder",
 }
 DEFAULT = "bge-m3"
 
@@ -231,82 +240,13 @@ def silence_flagembedding_bars() -> None:
                     setattr(module, attr, off(bar))
 
 
-class M3Embedder(_Settings):
-    """BGE-M3 for `map_batches`: dense (default), sparse and ColBERT outputs.
+class RowEmbedder(_Settings):
+    """The row handling every embedder shares (see the module doc): rows with an error or
+    no text are skipped, the rest encoded by `_encode_batch` (one dict of numpy outputs per
+    text), a failed batch retried row by row, and the outputs turned into Arrow columns."""
 
-    `max_length` is in tokens (longer texts are truncated; 512 as in the BGE-M3 paper's
-    passage setting). `use_fp16` is honoured on CUDA only: FlagEmbedding upcasts on "cpu"
-    anyway and other devices are not worth the risk, so elsewhere it is switched off with a
-    warning. `device=None` means the first GPU if there is one, else the CPU; one device
-    always, so FlagEmbedding never starts its multi-process pool inside a Ray actor.
-
-    `info` records what actually runs: model, dim, colbert_dim, device, dtype, use_fp16,
-    max_length and a `note` when a setting was overridden.
-
-    `batch_size` is FlagEmbedding's forward batch. Its encode() runs the first (longest) batch
-    of every call twice, the first time to probe for an out-of-memory-safe batch size, so a
-    Ray batch of one forward batch costs two: give map_batches several (8 cost 9).
-    """
-
-    # Settings each encode() takes as arguments; the rest (model, use_fp16, device) load.
-    PER_CALL = ("max_length", "batch_size", "text_column", "dense", "sparse", "colbert")
-
-    def __init__(self, model: str, max_length: int = 512, batch_size: int = 32,
-                 use_fp16: bool = False, dense: bool = True, sparse: bool = False,
-                 colbert: bool = False, text_column: str = "text", device: str | None = None):
-        import torch
-        from FlagEmbedding import BGEM3FlagModel
-
-        if not (dense or sparse or colbert):
-            raise ValueError("M3Embedder: ask for at least one of dense, sparse, colbert")
-        if device is None:
-            device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        note, asked_fp16 = None, use_fp16
-        if use_fp16 and not (device.startswith("cuda") and torch.cuda.is_available()):
-            note = f"use_fp16 ignored: half precision is only used on CUDA, not on {device}"
-            log.warning("M3Embedder: %s", note)
-            use_fp16 = False
-        silence_flagembedding_bars()
-        self.model = BGEM3FlagModel(model, use_fp16=use_fp16, devices=[device],
-                                    normalize_embeddings=True, batch_size=batch_size,
-                                    query_max_length=max_length, passage_max_length=max_length)
-        # FlagEmbedding moves the weights on the first encode(); doing it here makes a wrong
-        # device fail at actor start and puts the transfer in the load, not the first batch.
-        self.model.model.to(device).eval()
-        weights = next(self.model.model.parameters())
-        self.max_length, self.batch_size, self.text_column = max_length, batch_size, text_column
-        self.dense, self.sparse, self.colbert = dense, sparse, colbert
-        self._fingerprint = {"max_length": max_length, "fp16": asked_fp16}
-        self.info = {"model": model,
-                     "dim": int(self.model.model.model.config.hidden_size),
-                     "colbert_dim": int(self.model.model.colbert_linear.out_features),
-                     "device": str(weights.device),
-                     "dtype": str(weights.dtype).removeprefix("torch."),
-                     "use_fp16": use_fp16, "max_length": max_length, "note": note}
-
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        # The Rust tokenizer itself: transformers' wrapper turns every encoding into Python
-        # lists first (0.31 s against 0.22 s for 8,192 sentences). FlagEmbedding's calls
-        # leave their truncation set on it, and transformers sets its own again each call.
-        backend = self.model.tokenizer.backend_tokenizer
-        backend.no_truncation()
-        backend.no_padding()
-        return [len(e) for e in backend.encode_batch_fast(texts, add_special_tokens=True)]
-
-    def with_settings(self, **per_call) -> "M3Embedder":
-        """The same loaded model with other `PER_CALL` settings (no second load)."""
-        unknown = set(per_call) - set(self.PER_CALL)
-        if unknown:
-            raise ValueError(f"M3Embedder: {sorted(unknown)} change the loaded model, not a "
-                             f"call; per-call settings are {list(self.PER_CALL)}")
-        other = copy.copy(self)
-        for name, value in per_call.items():
-            setattr(other, name, value)
-        if not (other.dense or other.sparse or other.colbert):
-            raise ValueError("M3Embedder: ask for at least one of dense, sparse, colbert")
-        other._fingerprint = {**self._fingerprint, "max_length": other.max_length}
-        other.info = {**self.info, "max_length": other.max_length}
-        return other
+    dense, sparse, colbert = True, False, False
+    text_column = "text"
 
     # ---- per batch -------------------------------------------------------------------
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -343,8 +283,8 @@ class M3Embedder(_Settings):
         except Exception as e:  # noqa: BLE001 - isolate the rows that fail, keep the rest
             if len(texts) == 1:
                 return [self._failure(texts[0], e)]
-            log.warning("M3Embedder: a batch of %d failed (%s: %s); retrying row by row",
-                        len(texts), type(e).__name__, e)
+            log.warning("%s: a batch of %d failed (%s: %s); retrying row by row",
+                        type(self).__name__, len(texts), type(e).__name__, e)
         out: list[dict | str] = []
         for t in texts:
             try:
@@ -352,6 +292,119 @@ class M3Embedder(_Settings):
             except Exception as e:  # noqa: BLE001
                 out.append(self._failure(t, e))
         return out
+
+    def _failure(self, text: str, error: Exception) -> str:
+        return f"embedding failed: {type(error).__name__}: {error}"
+
+    def _encode_batch(self, texts: list[str]) -> list[dict]:
+        raise NotImplementedError
+
+    def _columns(self, rows: list[dict | None]) -> dict[str, pa.Array]:
+        n = len(rows)
+        mask = pa.array([r is None for r in rows], pa.bool_())
+        cols: dict[str, pa.Array] = {}
+        if self.dense:
+            dim = self.info["dim"]
+            mat = np.zeros((n, dim), dtype=np.float32)
+            for i, r in enumerate(rows):
+                if r is not None:
+                    mat[i] = r["dense"]
+            cols["dense"] = pa.FixedSizeListArray.from_arrays(pa.array(mat.reshape(-1)), dim,
+                                                              mask=mask)
+        if self.sparse:
+            cols["sparse_ids"] = _lists([None if r is None else r["sparse_ids"] for r in rows],
+                                        np.int32, mask)
+            cols["sparse_weights"] = _lists(
+                [None if r is None else r["sparse_weights"] for r in rows], np.float32, mask)
+        if self.colbert:
+            vecs = [None if r is None else r["colbert"] for r in rows]
+            cols["colbert"] = _lists([None if v is None else v.reshape(-1) for v in vecs],
+                                     np.float32, mask)
+            cols["colbert_len"] = pa.array([None if v is None else v.shape[0] for v in vecs],
+                                           pa.int32())
+        return cols
+
+
+class M3Embedder(RowEmbedder):
+    """BGE-M3 for `map_batches`: dense (default), sparse and ColBERT outputs.
+
+    `max_length` is in tokens (longer texts are truncated; 512 as in the BGE-M3 paper's
+    passage setting). `use_fp16` is honoured on CUDA only: FlagEmbedding upcasts on "cpu"
+    anyway and other devices are not worth the risk, so elsewhere it is switched off with a
+    warning. `device=None` means the first GPU if there is one, else the CPU; one device
+    always, so FlagEmbedding never starts its multi-process pool inside a Ray actor.
+
+    `info` records what actually runs: model, dim, colbert_dim, device, dtype, use_fp16,
+    max_length and a `note` when a setting was overridden.
+
+    `batch_size` is FlagEmbedding's forward batch. Its encode() runs the first (longest) batch
+    of every call twice, the first time to probe for an out-of-memory-safe batch size, so a
+    Ray batch of one forward batch costs two: give map_batches several (8 cost 9).
+    """
+
+    # Settings each encode() takes as arguments; the rest (model, use_fp16, device) load.
+    # `role` (query or passage) is taken and ignored: BGE-M3 encodes both alike, with no
+    # prefix or instruction (model card, BAAI/bge-m3).
+    PER_CALL = ("max_length", "batch_size", "text_column", "role", "dense", "sparse", "colbert")
+    OUTPUTS = ("dense", "sparse", "colbert")
+
+    def __init__(self, model: str, max_length: int = 512, batch_size: int = 32,
+                 use_fp16: bool = False, dense: bool = True, sparse: bool = False,
+                 colbert: bool = False, text_column: str = "text", device: str | None = None,
+                 role: str | None = None):
+        import torch
+        from FlagEmbedding import BGEM3FlagModel
+
+        if not (dense or sparse or colbert):
+            raise ValueError("M3Embedder: ask for at least one of dense, sparse, colbert")
+        if device is None:
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        note, asked_fp16 = None, use_fp16
+        if use_fp16 and not (device.startswith("cuda") and torch.cuda.is_available()):
+            note = f"use_fp16 ignored: half precision is only used on CUDA, not on {device}"
+            log.warning("M3Embedder: %s", note)
+            use_fp16 = False
+        silence_flagembedding_bars()
+        self.model = BGEM3FlagModel(model, use_fp16=use_fp16, devices=[device],
+                                    normalize_embeddings=True, batch_size=batch_size,
+                                    query_max_length=max_length, passage_max_length=max_length)
+        # FlagEmbedding moves the weights on the first encode(); doing it here makes a wrong
+        # device fail at actor start and puts the transfer in the load, not the first batch.
+        self.model.model.to(device).eval()
+        weights = next(self.model.model.parameters())
+        self.max_length, self.batch_size, self.text_column = max_length, batch_size, text_column
+        self.dense, self.sparse, self.colbert, self.role = dense, sparse, colbert, role
+        self._fingerprint = {"max_length": max_length, "fp16": asked_fp16}
+        self.info = {"model": model,
+                     "dim": int(self.model.model.model.config.hidden_size),
+                     "colbert_dim": int(self.model.model.colbert_linear.out_features),
+                     "device": str(weights.device),
+                     "dtype": str(weights.dtype).removeprefix("torch."),
+                     "use_fp16": use_fp16, "max_length": max_length, "note": note}
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        # The Rust tokenizer itself: transformers' wrapper turns every encoding into Python
+        # lists first (0.31 s against 0.22 s for 8,192 sentences). FlagEmbedding's calls
+        # leave their truncation set on it, and transformers sets its own again each call.
+        backend = self.model.tokenizer.backend_tokenizer
+        backend.no_truncation()
+        backend.no_padding()
+        return [len(e) for e in backend.encode_batch_fast(texts, add_special_tokens=True)]
+
+    def with_settings(self, **per_call) -> "M3Embedder":
+        """The same loaded model with other `PER_CALL` settings (no second load)."""
+        unknown = set(per_call) - set(self.PER_CALL)
+        if unknown:
+            raise ValueError(f"M3Embedder: {sorted(unknown)} change the loaded model, not a "
+                             f"call; per-call settings are {list(self.PER_CALL)}")
+        other = copy.copy(self)
+        for name, value in per_call.items():
+            setattr(other, name, value)
+        if not (other.dense or other.sparse or other.colbert):
+            raise ValueError("M3Embedder: ask for at least one of dense, sparse, colbert")
+        other._fingerprint = {**self._fingerprint, "max_length": other.max_length}
+        other.info = {**self.info, "max_length": other.max_length}
+        return other
 
     def _failure(self, text: str, error: Exception) -> str:
         """The error message of a row, with the model's own error where FlagEmbedding hides it.
@@ -391,31 +444,6 @@ class M3Embedder(_Settings):
                 row["colbert"] = np.asarray(vecs, dtype=np.float32)
         return rows
 
-    def _columns(self, rows: list[dict | None]) -> dict[str, pa.Array]:
-        n = len(rows)
-        mask = pa.array([r is None for r in rows], pa.bool_())
-        cols: dict[str, pa.Array] = {}
-        if self.dense:
-            dim = self.info["dim"]
-            mat = np.zeros((n, dim), dtype=np.float32)
-            for i, r in enumerate(rows):
-                if r is not None:
-                    mat[i] = r["dense"]
-            cols["dense"] = pa.FixedSizeListArray.from_arrays(pa.array(mat.reshape(-1)), dim,
-                                                              mask=mask)
-        if self.sparse:
-            cols["sparse_ids"] = _lists([None if r is None else r["sparse_ids"] for r in rows],
-                                        np.int32, mask)
-            cols["sparse_weights"] = _lists(
-                [None if r is None else r["sparse_weights"] for r in rows], np.float32, mask)
-        if self.colbert:
-            vecs = [None if r is None else r["colbert"] for r in rows]
-            cols["colbert"] = _lists([None if v is None else v.reshape(-1) for v in vecs],
-                                     np.float32, mask)
-            cols["colbert_len"] = pa.array([None if v is None else v.shape[0] for v in vecs],
-                                           pa.int32())
-        return cols
-
 
 def vector_matrix(column, dim: int | None = None) -> np.ndarray:
     """A (fixed-size) list<float> column of equal-length vectors -> a [rows, dim] float32
@@ -452,7 +480,7 @@ def _lists(parts: list[np.ndarray | None], dtype, mask: pa.Array) -> pa.Array:
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > np.iinfo(np.int32).max:
-        raise ValueError("M3Embedder: batch too large for a list<> column; use smaller batches")
+        raise ValueError("embedder: batch too large for a list<> column; use smaller batches")
     values = (np.concatenate([p for p in parts if p is not None]).astype(dtype, copy=False)
               if offsets[-1] else np.zeros(0, dtype))
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values),

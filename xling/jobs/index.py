@@ -84,9 +84,16 @@ class EmbedParallelism(Parallelism):
 
 
 class DenseModel(Strict):
-    """BGE-M3 through FlagEmbedding's BGEM3FlagModel."""
+    """A bi-encoder: BGE-M3 through FlagEmbedding's BGEM3FlagModel (the default), or another
+    `Embedder` named by its registry key (actors/embedder.py's EMBEDDERS: e5, repllama,
+    mgte, nv-embed)."""
 
-    model: str = Field("tiny:bge_m3", description="hub id, local path, or tiny:bge_m3")
+    embedder: str | None = Field(
+        None, json_schema_extra={"hash": "if_set"},
+        description="the embedder's registry key: bge-m3 (the default), e5, mgte, "
+                          "repllama, nv-embed")
+    model: str = Field("tiny:bge_m3", description="hub id, local path, or tiny:<name> "
+                                                  "(tiny:bge_m3, tiny:e5, tiny:mgte, ...)")
     max_length: int = Field(512, ge=8, description="passage max tokens (the papers use 512)")
     query_max_length: int = Field(512, ge=8, description="query max tokens")
     fp16: bool = Field(False, description="half precision (CUDA only; ignored on CPU)")
@@ -96,6 +103,34 @@ class DenseModel(Strict):
                                                     "the actor has a GPU, else cpu")
     encode_batch_size: int = NoHash(32, ge=1, description="texts per model forward pass")
     parallel: EmbedParallelism = NoHash(EmbedParallelism())
+
+    @field_validator("embedder")
+    @classmethod
+    def _embedder(cls, v: str | None) -> str | None:
+        from xling.actors.embedder import EMBEDDERS
+
+        if v is not None and v not in EMBEDDERS:
+            raise ValueError(f"unknown embedder {v!r}; use one of: {', '.join(EMBEDDERS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _outputs(self) -> "DenseModel":
+        from xling.actors.embedder import embedder_class
+
+        kind = self.kind
+        missing = [o for o in ("sparse", "colbert") if getattr(self, o)
+                   and o not in embedder_class(kind).OUTPUTS]
+        if missing:
+            raise ValueError(f"embedder {kind} has no {' or '.join(missing)} output (only "
+                             f"bge-m3 has); set {', '.join(m + ': false' for m in missing)}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """The embedder's registry key (`embedder`, bge-m3 when not set)."""
+        from xling.actors.embedder import DEFAULT
+
+        return self.embedder or DEFAULT
 
     def call_size(self) -> int:
         """Passages per embedder call: `parallel.batch_size` when given. Else 1,024: each
@@ -307,7 +342,7 @@ class IndexStage(Stage):
         hosts = shared_hosts(spec)
         kwargs = dict(**spec.load, max_length=d.max_length, batch_size=d.encode_batch_size,
                       dense=True, sparse=d.sparse, colbert=d.colbert, text_column="contents",
-                      hosts=hosts)
+                      role="passage", hosts=hosts)
         out = ds.map_batches(EmbedBatches, fn_constructor_kwargs=kwargs, batch_format="pyarrow",
                              batch_size=d.call_size(),
                              **pool_args(d.parallel, key="index.dense.parallel", hosts=hosts))

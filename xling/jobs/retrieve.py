@@ -348,7 +348,8 @@ class RetrieveStage(RunStage):
             # the index's model, with the query max length
             kwargs = dict(store_uri=store.uri, k=rc.depth, merge=run.merge, threads=rc.threads,
                           embedder={**spec.load, "max_length": d.query_max_length,
-                                    "batch_size": d.encode_batch_size, "hosts": hosts})
+                                    "batch_size": d.encode_batch_size, "role": "query",
+                                    "hosts": hosts})
         systems = {i: c.key["run"] for i, c in enumerate(cells)}
         weights = {i: _run(cfg, c.key["run"]).weights for i, c in enumerate(cells)}
         if run.engine == "dense":
