@@ -57,6 +57,14 @@ def _tag_cell(batch: pa.Table, *, index: int) -> pa.Table:
     return batch.append_column(CELL, pa.array([index] * batch.num_rows, pa.int64()))
 
 
+def _read_sources(batch: pa.Table, *, readers: dict[int, Any]):
+    """map_batches over (path, source index) rows, one a batch: the file's rows, read by its
+    source's reader and tagged with the source's index."""
+    for path, i in zip(batch["path"].to_pylist(), batch[CELL].to_pylist()):
+        for t in readers[i](pa.table({"path": [path]})):
+            yield _tag_cell(t, index=i)
+
+
 def _tag_rows(batch: pa.Table, *, targets: dict[str, list[tuple[int, int]]],
               adapt: dict[int, Any]) -> pa.Table:
     """Partition rows -> the stage's input rows, with their cell and shard: a file's rows

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from xling.core.cells import (
+    CELL,
     RID,
     Cell,
     Source,
@@ -59,6 +60,7 @@ from xling.core.cells import (
 )
 from xling.core.commit import (
     _commit_shard,
+    _read_sources,
     _tag_cell,
     _tag_rows,
     _write_pieces,
@@ -421,11 +423,27 @@ class Runner:
         wheres = list(fresh)
         for where in wheres:
             self.store.delete_tree(where)
-        reads = [fresh[w][0].read() for w in wheres]
-        if self.limit:
-            reads = [r.limit(self.limit) for r in reads]
-        parts = [r.map_batches(functools.partial(_tag_cell, index=i), batch_format="pyarrow")
-                 for i, r in enumerate(reads)]
+        # Sources that are files read one by one go through one operator together (each
+        # operator is visited at every step of Ray Data's scheduler: one per source made a
+        # stage of many small sources spend its driver's CPU there); a smoke run's `limit`
+        # is per source, so it reads each on its own.
+        readers = {i: fresh[w][0].read_files for i, w in enumerate(wheres)
+                   if fresh[w][0].read_files is not None and fresh[w][0].files
+                   and not self.limit}
+        parts = []
+        if readers:
+            import ray.data
+
+            items = [{"path": f, CELL: i} for i in readers for f in fresh[wheres[i]][0].files]
+            parts.append(ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+                _read_sources, batch_size=1, batch_format="pyarrow",
+                fn_kwargs={"readers": readers}))
+        for i, where in enumerate(wheres):
+            if i not in readers:
+                read = fresh[where][0].read()
+                read = read.limit(self.limit) if self.limit else read
+                parts.append(read.map_batches(functools.partial(_tag_cell, index=i),
+                                              batch_format="pyarrow"))
         ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
         writer = functools.partial(_write_shards, store=self.store, dirs=wheres,
                                    n_shards=[fresh[w][1][0].n_shards for w in wheres])

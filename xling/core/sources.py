@@ -235,28 +235,45 @@ def documents_source(spec: CorpusSpec, lang: str, files: list[str], adapt=None) 
     """The documents rows of `spec` in `lang`, as a shareable partition source."""
     key = {"documents": {k: getattr(spec, k) for k in _READ_FIELDS if hasattr(spec, k)},
            "lang": lang, "files": sorted(files)}
-    return Source(key, functools.partial(read_documents, spec, lang, files), adapt=adapt)
+    return Source(key, functools.partial(read_documents, spec, lang, files), adapt=adapt,
+                  files=list(files), read_files=_document_reader(spec, lang))
 
 
 def queries_source(spec: TopicSpec, lang: str, files: list[str], adapt=None) -> Source:
     """The queries rows of `spec` in `lang`, as a shareable partition source."""
     key = {"queries": {k: getattr(spec, k) for k in _READ_FIELDS if hasattr(spec, k)},
            "lang": lang, "files": sorted(files)}
-    return Source(key, functools.partial(read_queries, spec, lang, files), adapt=adapt)
+    return Source(key, functools.partial(read_queries, spec, lang, files), adapt=adapt,
+                  files=list(files), read_files=_query_reader(spec, lang))
+
+
+def _document_reader(spec: CorpusSpec, lang: str):
+    """A batch of paths -> documents rows (DOCUMENTS schema + `_rid` = doc_id)."""
+    return functools.partial(_with_rids, read=functools.partial(
+        _read_document_files, spec=spec.model_dump(), lang=lang), column="doc_id")
+
+
+def _query_reader(spec: TopicSpec, lang: str):
+    """A batch of paths -> queries rows (QUERIES schema + `_rid` = query_id)."""
+    return functools.partial(_with_rids, read=functools.partial(
+        _read_topic_files, spec=spec.model_dump(), lang=lang), column="query_id")
+
+
+def _with_rids(batch: pa.Table, *, read, column: str):
+    for t in read(batch):
+        yield _with_rid(t, column=column)
 
 
 def read_documents(spec: CorpusSpec, lang: str, files: list[str]):
     """A Ray Dataset of documents rows (DOCUMENTS schema + `_rid` = doc_id)."""
-    fn = functools.partial(_read_document_files, spec=spec.model_dump(), lang=lang)
-    ds = _file_dataset(files).map_batches(fn, batch_size=1, batch_format="pyarrow")
-    return ds.map_batches(_with_rid, fn_kwargs={"column": "doc_id"}, batch_format="pyarrow")
+    return _file_dataset(files).map_batches(_document_reader(spec, lang), batch_size=1,
+                                            batch_format="pyarrow")
 
 
 def read_queries(spec: TopicSpec, lang: str, files: list[str]):
     """A Ray Dataset of queries rows (QUERIES schema + `_rid` = query_id)."""
-    fn = functools.partial(_read_topic_files, spec=spec.model_dump(), lang=lang)
-    ds = _file_dataset(files).map_batches(fn, batch_size=1, batch_format="pyarrow")
-    return ds.map_batches(_with_rid, fn_kwargs={"column": "query_id"}, batch_format="pyarrow")
+    return _file_dataset(files).map_batches(_query_reader(spec, lang), batch_size=1,
+                                            batch_format="pyarrow")
 
 
 def _with_rid(batch: pa.Table, *, column: str) -> pa.Table:
