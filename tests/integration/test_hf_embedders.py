@@ -36,6 +36,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from xling.actors.embedder import EMPTY, make_embedder, vector_matrix  # noqa: E402
 
+# Its tests share module fixtures: one xdist worker runs them all (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("test_hf_embedders")
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 QUERIES = [line.split("\t", 1)[1].strip() for line in
            (DATA / "topics" / "topics.ciral-v1.0-ha-test-a.tsv").read_text().splitlines()[:12]]
