@@ -34,6 +34,7 @@ def stage_registry() -> dict:
     from xling.jobs.index import IndexStage
     from xling.jobs.ingest import IngestStage
     from xling.jobs.narrow import NarrowStage
+    from xling.jobs.nuggets import NuggetStage
     from xling.jobs.rerank import RerankStage
     from xling.jobs.retrieve import RetrieveStage
     from xling.jobs.study import StudyFeaturesStage, StudyGenerateStage, StudyJudgeStage
@@ -43,7 +44,8 @@ def stage_registry() -> dict:
     return {"ingest": IngestStage, "translate": TranslateStage, "index": IndexStage,
             "retrieve": RetrieveStage, "rerank": RerankStage, "narrow": NarrowStage,
             "generate": StudyGenerateStage,
-            "features": StudyFeaturesStage, "judge": StudyJudgeStage, "evaluate": EvaluateStage}
+            "features": StudyFeaturesStage, "judge": StudyJudgeStage, "nuggets": NuggetStage,
+            "evaluate": EvaluateStage}
 
 
 def is_driver_stage(stage_cls) -> bool:

@@ -23,6 +23,7 @@ from xling.jobs.features import FeaturesStage
 from xling.jobs.generate import GenerateStage
 from xling.jobs.judge import JudgeStage
 from xling.jobs.narrow import NarrowStage, narrow_cell, read_selections
+from xling.jobs.nuggets import AssignStage, nugget_results
 from xling.jobs.translate import TranslateStage, translate_cell
 from xling.studies.base import (Evidence, Featured, Judged, Narrowed, PairJudged, Study,
                                 StudyInputs, Translated, judge_scope)
@@ -238,8 +239,13 @@ def evaluate_cell(cfg: XlingConfig) -> Cell:
               "labels": labels}
     if scored:
         params["features"] = scored
+    # the nuggets stage's assign cells: their scores go beside the study's own metrics
+    nuggets = [c.dir for c in AssignStage().cells(cfg)] if ran and cfg.nuggets else []
+    if nuggets:
+        params["nuggets"] = nuggets
     return Cell("evaluate", {"study": cfg.study.task}, params,
-                inputs=[*gens, *judged, *scored, *files, *([labels] if labels else [])],
+                inputs=[*gens, *judged, *scored, *nuggets, *files,
+                        *([labels] if labels else [])],
                 n_shards=1)
 
 
@@ -292,11 +298,21 @@ def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) 
             r["scores"] = json.loads(r["scores"]) if r["scores"] else None
         evidence.features = scored
     items, metrics = study.score(opts, gens, evidence)
+    rendered = study.render(opts, items, metrics)
+    nuggets = None
+    if cell.params.get("nuggets"):
+        more, md, nugget_items = nugget_results(store, cell.params["nuggets"])
+        metrics = [*metrics, *more]
+        rendered.markdown = f"{rendered.markdown.rstrip()}\n\n{md}"
+        store.write_parquet(f"{cell.dir}/_nuggets.parquet", pa.Table.from_pylist(
+            [{**i, **{k: json.dumps(i[k]) for k in ("support", "argue") if k in i}}
+             for i in nugget_items]))
+        nuggets = {"answers": len(nugget_items), "file": "_nuggets.parquet",
+                   "errors": sum(1 for i in nugget_items if i["error"])}
     table = pa.Table.from_pylist(metrics, schema=STUDY_METRICS)
     store.write_parquet(f"{cell.dir}/part-00000.parquet", table)
     # only the metrics rows are part-*.parquet: the rest starts with `_` (jobs/evaluate.py)
     store.write_parquet(f"{cell.dir}/{ITEMS}", pa.Table.from_pylist(items))
-    rendered = study.render(opts, items, metrics)
     store.write_bytes(f"{cell.dir}/{TABLE}", rendered.markdown.encode())
     for name, data in rendered.plots.items():
         store.write_bytes(f"{cell.dir}/{PLOTS}/{name}", data)
@@ -315,4 +331,5 @@ def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) 
                           str(i["outcome"]) for i in items if i.get("outcome")).items()))}
                          if any(i.get("outcome") for i in items) else {})},
             "generations": len(gens), "language_check": check, "table": TABLE,
+            **({"nuggets": nuggets} if nuggets else {}),
             "plots": sorted(f"{PLOTS}/{n}" for n in rendered.plots)}

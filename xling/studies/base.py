@@ -289,6 +289,28 @@ class Ranked(Study):
         sections as a dict."""
 
 
+class Cited(Study):
+    """Answers grounded in documents: the nuggets stage (jobs/nuggets.py) creates each
+    topic's nuggets from its judged documents, then judges every answer's nuggets and
+    citations, as TREC RAG and RAGTIME do."""
+
+    @abstractmethod
+    def nugget_options(self, opts: Opts) -> dict:
+        """The part of the options the topics and documents depend on (the nugget cells'
+        hash: a system added to the study must not change it)."""
+
+    @abstractmethod
+    def nugget_topics(self, opts: Opts, lang: str) -> Rows:
+        """The language's topics: `topic_id`, `query`, `documents` ([{docid, title, text,
+        judgment}], the documents the answers were given, in the given order; `judgment`
+        the human relevance label, None where there is none), `error`."""
+
+    @abstractmethod
+    def cited_answer(self, opts: Opts, generation: Mapping) -> list[dict]:
+        """A generation's answer as sentences, `[{text, citations: [docid...]}]` (the text
+        without citation marks); [] for no answer."""
+
+
 def judge_scope(study: Study) -> str:
     """What the judge stage rates: single generations or pairs of them."""
     return "pairs" if isinstance(study, PairJudged) else "generation"

@@ -5,7 +5,7 @@ the output parsers the generate and judge stages register."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from xling.studies.mirage.options import Knobs
@@ -184,3 +184,20 @@ def parse_pair_verdict(text: str, compat: str = "fixed") -> tuple[dict | None, s
 def parse_pair_verdict_reference(text: str) -> tuple[dict | None, str | None]:
     """`parse_pair_verdict` with the reference rule (``pairwise_parse: reference``)."""
     return parse_pair_verdict(text, "reference")
+
+
+def cited_sentences(gen: Mapping, lang: str) -> list[dict]:
+    """The answer part of a generation (the parser's ``answer``, else the whole output) as
+    sentences with the ids each cites in brackets, marks taken out of the text (TREC RAG's
+    sentence/citation shape, for the nuggets stage)."""
+    from xling.tasks.text import sentences
+
+    text = ((gen.get("parsed") or {}).get("answer") or gen.get("output") or "").strip()
+    out = []
+    for sent in sentences(text, lang) if text else []:
+        ids = [i.strip() for group in BRACKET.findall(sent) for i in group[1:-1].split(",")]
+        clean = re.sub(r"\s+([.,;:!?])", r"\1",
+                       re.sub(r"\s+", " ", BRACKET.sub("", sent))).strip()
+        if clean:
+            out.append({"text": clean, "citations": list(dict.fromkeys(i for i in ids if i))})
+    return out
