@@ -288,3 +288,28 @@ def test_kappa_per_label_against_sklearn():
     assert k["all"] == pytest.approx(cohen_kappa_score(auto, human))
     assert k["support"] == pytest.approx(cohen_kappa_score(
         [a == "support" for a in auto], [h == "support" for h in human]))
+
+
+# ---------------------------------------------------------------------------------------
+# RAGTIME run files (spec s2.3, s11.16)
+
+
+def test_ragtime_line_passes_the_checker_and_broken_lines_do_not():
+    import json
+
+    from xling.tasks.ragruns import check_ragtime, ragtime_line
+
+    good = ragtime_line("t", "r", "300", [{"text": "Sky is blue.", "citations": ["d1"]},
+                                          {"text": "Всё.", "citations": []}])
+    assert good["references"] == ["d1"]
+    assert check_ragtime([json.dumps(good)]) == []
+    conf = {**good, "responses": [{"text": "Sky is blue.", "citations": {"d1": 0.3}}]}
+    assert check_ragtime([json.dumps(conf)]) == []
+    assert "not the cited ids" in check_ragtime([json.dumps({**good, "references": []})])[0]
+    long = ragtime_line("t", "r", "301", [{"text": "ｘ" * 30, "citations": []}])  # NFKC: x
+    assert check_ragtime([json.dumps(long)], {"301": 30}) == []
+    assert "over topic 301's limit 29" in check_ragtime([json.dumps(long)], {"301": 29})[0]
+    assert "more than one line" in check_ragtime([json.dumps(good)] * 2)[0]
+    bad = {**good, "responses": [{"text": "x", "citations": {"d1": 101}}]}
+    assert "not in [0, 100]" in check_ragtime([json.dumps(bad)])[0]
+    assert "metadata" in check_ragtime(['{"responses": []}'])[0]

@@ -205,6 +205,23 @@ class AssignStage(NuggetStage):
     def all_cells(self, cfg: XlingConfig) -> list[Cell]:
         return self.cells(cfg)
 
+    def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
+        """The counts, and the answers as a RAGTIME run file (`run.ragtime.jsonl`, one line
+        per topic), checked as the track's validator checks it."""
+        from xling.tasks.ragruns import check_ragtime, ragtime_line
+
+        out = super().finalize(cell, cfg, store)
+        t = store.read_parquet(part_files(store, cell.dir), columns=["item_id", "sentences"])
+        lines = [json.dumps(ragtime_line("xling", cell.key["system"], r["item_id"],
+                                         json.loads(r["sentences"])), ensure_ascii=False)
+                 for r in sorted(t.to_pylist(), key=lambda r: r["item_id"]) if r["sentences"]]
+        store.write_bytes(f"{cell.dir}/run.ragtime.jsonl", "".join(
+            f"{line}\n" for line in lines).encode())
+        errors = check_ragtime(lines)
+        out["ragtime_run"] = {"file": "run.ragtime.jsonl", "topics": len(lines),
+                              "valid": not errors, "errors": errors[:5]}
+        return out
+
     def after_run(self, cfg: XlingConfig, runner) -> None:
         return None
 
