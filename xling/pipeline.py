@@ -34,17 +34,17 @@ def stage_registry() -> dict:
     from xling.jobs.index import IndexStage
     from xling.jobs.ingest import IngestStage
     from xling.jobs.narrow import NarrowStage
-    from xling.jobs.nuggets import NuggetStage
     from xling.jobs.rerank import RerankStage
     from xling.jobs.retrieve import RetrieveStage
-    from xling.jobs.study import StudyFeaturesStage, StudyGenerateStage, StudyJudgeStage
+    from xling.jobs.study import (StudyFeaturesStage, StudyGenerateStage, StudyJudgeStage,
+                                  StudyNuggetStage)
     from xling.jobs.translate import TranslateStage
 
     # generate and judge come with the study glue: plain prompt files work through it too.
     return {"ingest": IngestStage, "translate": TranslateStage, "index": IndexStage,
             "retrieve": RetrieveStage, "rerank": RerankStage, "narrow": NarrowStage,
             "generate": StudyGenerateStage,
-            "features": StudyFeaturesStage, "judge": StudyJudgeStage, "nuggets": NuggetStage,
+            "features": StudyFeaturesStage, "judge": StudyJudgeStage, "nuggets": StudyNuggetStage,
             "evaluate": EvaluateStage}
 
 

@@ -99,18 +99,23 @@ def cited_study(cfg: XlingConfig) -> Cited:
     return study
 
 
-def _langs(cfg: XlingConfig) -> list[str]:
-    from xling.jobs.study import study_generations
-
-    return list(dict.fromkeys(c.key["lang"] for c in study_generations(cfg)))
-
-
 class NuggetStage(LLMStage):
-    """The create cells; `after_run` runs the assign cells (AssignStage)."""
+    """The create cells; `after_run` runs the assign cells (AssignStage). The answers it
+    judges are `generation_cells(cfg)`, which the study glue (jobs/study.py) provides, so
+    this stage knows no study."""
 
     name = "nuggets"
     label_key = "judge"
     after_label = "nugget assignments"
+
+    def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
+        raise NotImplementedError("the nuggets stage judges a study's generations "
+                                  "(jobs/study.py's StudyNuggetStage)")
+
+    def assign_stage(self) -> "AssignStage":
+        stage = AssignStage()
+        stage.parent = self
+        return stage
 
     def entries(self, cfg: XlingConfig) -> list:
         return [cfg.nuggets.judge]
@@ -128,13 +133,13 @@ class NuggetStage(LLMStage):
         return [Cell("nuggets", {"study": cfg.study.task, "lang": lang, "step": "create",
                                  "judge": cfg.nuggets.judge.label}, params,
                      inputs=study.input_files(opts), n_shards=cfg.nuggets.shards)
-                for lang in _langs(cfg)]
+                for lang in dict.fromkeys(c.key["lang"] for c in self.generation_cells(cfg))]
 
     def all_cells(self, cfg: XlingConfig) -> list[Cell]:
-        return [*self.cells(cfg), *AssignStage().cells(cfg)]
+        return [*self.cells(cfg), *self.assign_stage().cells(cfg)]
 
     def after_run(self, cfg: XlingConfig, runner) -> None:
-        runner.run(AssignStage(), cfg)
+        runner.run(self.assign_stage(), cfg)
 
     def prepare(self, cfg: XlingConfig, store: RunStore, upstream=()) -> None:
         check_model(cfg.nuggets.judge, "nuggets.judge")
@@ -185,14 +190,13 @@ class NuggetStage(LLMStage):
 
 
 class AssignStage(NuggetStage):
-    """The assign cells: one per generate cell of the study."""
+    """The assign cells: one per generate cell of the study (made by `assign_stage`, which
+    gives it the create stage's generation cells)."""
 
     def cells(self, cfg: XlingConfig) -> list[Cell]:
-        from xling.jobs.study import study_generations
-
-        created = {c.key["lang"]: c for c in NuggetStage().cells(cfg)}
+        created = {c.key["lang"]: c for c in self.parent.cells(cfg)}
         out = []
-        for g in study_generations(cfg):
+        for g in self.generation_cells(cfg):
             nug = created[g.key["lang"]]
             params = {**self._params(cfg, "assign"), "nuggets": nug.dir, "generation": g.dir,
                       "support": list(cfg.nuggets.support)}
@@ -201,6 +205,11 @@ class AssignStage(NuggetStage):
                                         "step": "assign", "judge": cfg.nuggets.judge.label},
                             params, inputs=[g.dir, nug.dir], n_shards=cfg.nuggets.shards))
         return out
+
+    parent: NuggetStage
+
+    def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
+        return self.parent.generation_cells(cfg)
 
     def all_cells(self, cfg: XlingConfig) -> list[Cell]:
         return self.cells(cfg)

@@ -23,7 +23,7 @@ from xling.jobs.features import FeaturesStage
 from xling.jobs.generate import GenerateStage
 from xling.jobs.judge import JudgeStage
 from xling.jobs.narrow import NarrowStage, narrow_cell, read_selections
-from xling.jobs.nuggets import AssignStage, nugget_results
+from xling.jobs.nuggets import NuggetStage, nugget_results
 from xling.jobs.translate import TranslateStage, translate_cell
 from xling.studies.base import (Evidence, Featured, Judged, Narrowed, PairJudged, Study,
                                 StudyInputs, Translated, judge_scope)
@@ -223,6 +223,13 @@ class StudyFeaturesStage(FeaturesStage):
         return study
 
 
+class StudyNuggetStage(NuggetStage):
+    """The nuggets stage over the study's generations (a `Cited` study's topics)."""
+
+    def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
+        return study_generations(cfg)
+
+
 def evaluate_cell(cfg: XlingConfig) -> Cell:
     """The evaluate stage's one cell for the study: every generation (and judgment, and
     scored feature) of it; with published inputs (`source: published`), those files."""
@@ -240,7 +247,8 @@ def evaluate_cell(cfg: XlingConfig) -> Cell:
     if scored:
         params["features"] = scored
     # the nuggets stage's assign cells: their scores go beside the study's own metrics
-    nuggets = [c.dir for c in AssignStage().cells(cfg)] if ran and cfg.nuggets else []
+    nuggets = ([c.dir for c in StudyNuggetStage().assign_stage().cells(cfg)]
+               if ran and cfg.nuggets else [])
     if nuggets:
         params["nuggets"] = nuggets
     return Cell("evaluate", {"study": cfg.study.task}, params,
