@@ -313,3 +313,32 @@ def test_ragtime_line_passes_the_checker_and_broken_lines_do_not():
     bad = {**good, "responses": [{"text": "x", "citations": {"d1": 101}}]}
     assert "not in [0, 100]" in check_ragtime([json.dumps(bad)])[0]
     assert "metadata" in check_ragtime(['{"responses": []}'])[0]
+
+
+def test_agreement_with_qrels_kappa_and_tau():
+    """Three systems on one topic set: the judge's support of each cited document against
+    its qrel (kappa), and the systems' support precision against their relevant-citation
+    share (tau), worked by hand."""
+    import json
+
+    from sklearn.metrics import cohen_kappa_score
+
+    from xling.jobs.nuggets import agreement
+
+    def row(system, judged):
+        sup = [{"sentence": 0, "docid": f"d{i}", "label": lab, "human": h}
+               for i, (lab, h) in enumerate(judged)]
+        return {"study": "s", "setting": "rag", "lang": "sw", "system": system, "error": None,
+                "support": json.dumps(sup),
+                "sentences": json.dumps([{"text": "x", "citations": [j["docid"] for j in sup]}])}
+
+    rows = [row("a", [("FS", 1), ("FS", 1)]), row("b", [("FS", 1), ("NS", 0)]),
+            row("c", [("PS", 0), ("NS", 0)])]
+    [a] = agreement(rows)
+    auto = [True, True, True, False, True, False]
+    human = [True, True, True, False, False, False]
+    assert a["pairs"] == 6
+    assert a["kappa_support"] == pytest.approx(cohen_kappa_score(auto, human))
+    assert a["kappa_full"] == pytest.approx(1.0)  # FS exactly where the qrels say relevant
+    # support precision a 1.0, b 0.5, c 0.25; relevant share a 1.0, b 0.5, c 0.0: same order
+    assert (a["tau_b"], a["tau_a"], a["runs"]) == (pytest.approx(1.0), pytest.approx(1.0), 3)

@@ -257,7 +257,8 @@ class AssignStage(NuggetStage):
                      else None)
             sents = study.cited_answer(opts, g) if error is None else []
             cited = {c for s in sents for c in s["citations"]}
-            docs = {d["docid"]: {"title": d.get("title"), "text": d["text"]}
+            docs = {d["docid"]: {"title": d.get("title"), "text": d["text"],
+                                 "judgment": d.get("judgment")}
                     for d in (topic or {}).get("documents", []) if d["docid"] in cited}
             rows.append(_row(tid, cell, step="assign", query=topic["query"] if topic else None,
                              payload={"nuggets": json.loads(nug["nuggets"]) if not error else [],
@@ -409,6 +410,14 @@ def nugget_results(store: RunStore, dirs: list[str]) -> tuple[list[dict], str, l
             arg_rows.append([key[2], key[3], *(f"{agg[k]:.4f}" for k in (
                 "sentence_support_micro", "sentence_support_macro", "nugget_coverage_micro",
                 "nugget_coverage_macro", "f1_micro", "f1_macro")), str(len(arg))])
+    agree = agreement(rows)
+    for a in agree:
+        for name in ("kappa_support", "kappa_full", "tau_b", "tau_a"):
+            if a[name] is not None:
+                metrics.append({"study": a["study"], "setting": a["setting"], "lang": a["lang"],
+                                "model": None, "metric": f"agreement_{name}",
+                                "value": float(a[name]), "ci_low": None, "ci_high": None,
+                                "n": a["pairs"] if name.startswith("kappa") else a["runs"]})
     md = ["### Nugget evaluation (AutoNuggetizer, castorini/nuggetizer's method)", "",
           "Per run: the mean over the answers scored; A@all counts every topic asked "
           "(a failed answer 0); answers: scored/asked.", "",
@@ -423,4 +432,61 @@ def nugget_results(store: RunStore, dirs: list[str]) -> tuple[list[dict], str, l
                "f1_macro = mean of per-topic F1)", "",
                pipe_table(["lang", "system", "SS micro", "SS macro", "NC micro", "NC macro",
                            "F1 micro", "F1 macro", "topics"], arg_rows)]
+    if agree:
+        md += ["", "### Agreement with the human labels (qrels of the cited documents)", "",
+               "kappa: the judge's TREC 2024 support of a cited document (Full or Partial; "
+               "Full only) against its human relevance label, over every judged citation "
+               "(Cohen's kappa, sklearn); tau: the systems ranked by support precision "
+               "against by the share of their citations the qrels call relevant (Kendall, "
+               "scipy; undefined with fewer than 2 systems or a constant side).", "",
+               pipe_table(["setting", "lang", "kappa (FS+PS)", "kappa (FS)", "pairs",
+                           "tau-b", "tau-a", "systems"],
+                          [[a["setting"], a["lang"], _f(a["kappa_support"]),
+                            _f(a["kappa_full"]), str(a["pairs"]), _f(a["tau_b"]),
+                            _f(a["tau_a"]), str(a["runs"])] for a in agree])]
     return metrics, "\n".join(md) + "\n", items
+
+
+def _f(v) -> str:
+    return "n/a" if v is None or v != v else f"{v:.3f}"
+
+
+def agreement(rows: list[dict]) -> list[dict]:
+    """Per (study, setting, lang): Cohen's kappa between the judge's support of each cited
+    document and its human label, and Kendall's tau between the systems' support precision
+    and their human citation precision (the share of their judged citations labelled
+    relevant). Only where the study's documents carry labels (MIRAGE's positive_ids)."""
+    from xling.tasks.nugget_scores import kendall_tau, support_scores
+    from xling.tasks.judge import cohen_kappa
+
+    groups: dict[tuple, dict[str, list]] = {}
+    for r in rows:
+        if r["error"] is not None or not r["support"]:
+            continue
+        judged = [j for j in json.loads(r["support"]) if j.get("human") is not None
+                  and j["label"] is not None]
+        g = groups.setdefault((r["study"], r["setting"], r["lang"]), {})
+        sys = g.setdefault(r["system"], {"pairs": [], "auto": [], "human": []})
+        sys["pairs"] += judged
+        sents = json.loads(r["sentences"]) if r["sentences"] else []
+        sys["auto"].append(support_scores(json.loads(r["support"]), len(sents))["precision"])
+        if judged:
+            sys["human"].append(sum(j["human"] >= 1 for j in judged) / len(judged))
+    out = []
+    for (study, setting, lang), systems in sorted(groups.items()):
+        pairs = [j for s in systems.values() for j in s["pairs"]]
+        if not pairs:
+            continue
+        human = [j["human"] >= 1 for j in pairs]
+        a = {"study": study, "setting": setting, "lang": lang, "pairs": len(pairs),
+             "kappa_support": cohen_kappa([j["label"] in ("FS", "PS") for j in pairs], human),
+             "kappa_full": cohen_kappa([j["label"] == "FS" for j in pairs], human),
+             "tau_b": None, "tau_a": None, "runs": 0}
+        ranked = [(sum(s["auto"]) / len(s["auto"]), sum(s["human"]) / len(s["human"]))
+                  for s in systems.values() if s["auto"] and s["human"]]
+        a["runs"] = len(ranked)
+        if len(ranked) >= 2:
+            tau = kendall_tau([x for x, _ in ranked], [y for _, y in ranked])
+            a["tau_b"], a["tau_a"] = tau["tau_b"], tau["tau_a"]
+        out.append(a)
+    return out

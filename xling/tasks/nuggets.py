@@ -253,6 +253,8 @@ async def support(ask: Ask, sentences: list[dict], docs: dict[str, dict], knobs:
             if reply.error is not None:
                 raise Failed(f"{step} of sentence {i}, citation {docid}: the LLM call "
                              f"failed: {reply.error}")
+            # the document's human label (qrels), kept for the agreement, never shown to the LLM
             out.append({**row, "label": attested(reply.text) if argue
-                        else support_label(reply.text), "unknown_doc": False})
+                        else support_label(reply.text), "unknown_doc": False,
+                        "human": doc.get("judgment")})
     return out
