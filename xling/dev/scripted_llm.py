@@ -85,10 +85,14 @@ def reply(prompt: str, model: str) -> str:
         return "UNANSWERABLE"
     if model in QUALITY:
         ctx = prompt.split("Contexts:", 1)[-1]
-        first = re.search(r"^\[([^\]]+)\]", ctx.strip(), re.M)
+        first = re.search(r"^\[([^\]]+)\]\s*(.*)$", ctx.strip(), re.M)
         cite = f" [{first.group(1)}]" if first and QUALITY[model] >= 3 else ""
+        # the best model also restates the passage it cites (so that the nugget demo's
+        # judges have words to match); the others only point at it
+        said = " ".join(first.group(2).split()[:12]).rstrip(".") if first and \
+            QUALITY[model] == 4 else "See the first context"
         return (f"##Reason: The contexts answer the question{cite}.\n"
-                f"##Answer: See the first context{cite}. QUALITY={QUALITY[model]}")
+                f"##Answer: {said}{cite}. QUALITY={QUALITY[model]}")
     if "Assistant A's Answer]" in prompt:
         def quality(side: str) -> int:
             part = prompt.split(f"[The Start of Assistant {side}'s Answer]", 1)[1].split(

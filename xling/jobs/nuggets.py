@@ -390,7 +390,7 @@ def nugget_results(store: RunStore, dirs: list[str]) -> tuple[list[dict], str, l
         for m in NUGGET_METRICS:
             metric(key, f"nugget_{m}", scores["present"][m], len(ok))
             metric(key, f"nugget_{m}@all_topics", scores["all_topics"][m], len(its))
-        nug_rows.append([key[2], key[3], *(f"{scores['present'][m]:.4f}" for m in NUGGET_METRICS),
+        nug_rows.append([key[1], key[2], key[3], *(f"{scores['present'][m]:.4f}" for m in NUGGET_METRICS),
                          f"{scores['all_topics']['A']:.4f}", f"{len(ok)}/{len(its)}"])
         sup = [i["support"] for i in ok if "support" in i]
         if sup:
@@ -398,7 +398,7 @@ def nugget_results(store: RunStore, dirs: list[str]) -> tuple[list[dict], str, l
                     for k in ("precision", "recall", "f1", "pair_mean")}
             for k, v in vals.items():
                 metric(key, f"support_{k}", v, len(sup))
-            sup_rows.append([key[2], key[3], *(f"{vals[k]:.4f}" for k in vals),
+            sup_rows.append([key[1], key[2], key[3], *(f"{vals[k]:.4f}" for k in vals),
                              str(sum(s["pairs"] for s in sup)),
                              str(sum(s["unparsed"] for s in sup))])
         arg = {i["item_id"]: i["argue"] for i in ok if "argue" in i}
@@ -407,7 +407,7 @@ def nugget_results(store: RunStore, dirs: list[str]) -> tuple[list[dict], str, l
             for k, v in agg.items():
                 if k != "topics":
                     metric(key, f"argue_{k}", v, len(arg))
-            arg_rows.append([key[2], key[3], *(f"{agg[k]:.4f}" for k in (
+            arg_rows.append([key[1], key[2], key[3], *(f"{agg[k]:.4f}" for k in (
                 "sentence_support_micro", "sentence_support_macro", "nugget_coverage_micro",
                 "nugget_coverage_macro", "f1_micro", "f1_macro")), str(len(arg))])
     agree = agreement(rows)
@@ -421,16 +421,16 @@ def nugget_results(store: RunStore, dirs: list[str]) -> tuple[list[dict], str, l
     md = ["### Nugget evaluation (AutoNuggetizer, castorini/nuggetizer's method)", "",
           "Per run: the mean over the answers scored; A@all counts every topic asked "
           "(a failed answer 0); answers: scored/asked.", "",
-          pipe_table(["lang", "system", *NUGGET_METRICS, "A@all", "answers"], nug_rows)]
+          pipe_table(["setting", "lang", "system", *NUGGET_METRICS, "A@all", "answers"], nug_rows)]
     if sup_rows:
         md += ["", "### Citation support (TREC RAG 2024: Full 1, Partial 0.5, No 0; "
                "open-rag-eval's weighted precision/recall)", "",
-               pipe_table(["lang", "system", "precision", "recall", "F1", "pair mean", "pairs",
+               pipe_table(["setting", "lang", "system", "precision", "recall", "F1", "pair mean", "pairs",
                            "unparsed"], sup_rows)]
     if arg_rows:
         md += ["", "### RAGTIME (Auto-ARGUE: sentence support, nugget coverage, F1; "
                "f1_macro = mean of per-topic F1)", "",
-               pipe_table(["lang", "system", "SS micro", "SS macro", "NC micro", "NC macro",
+               pipe_table(["setting", "lang", "system", "SS micro", "SS macro", "NC micro", "NC macro",
                            "F1 micro", "F1 macro", "topics"], arg_rows)]
     if agree:
         md += ["", "### Agreement with the human labels (qrels of the cited documents)", "",
