@@ -17,6 +17,8 @@ call:
   vital/okay, a nugget is supported when its words are in the answer, a citation when the
   sentence shares words with it. Well-formed replies, so that the demo's nugget tables have
   numbers to show; the tiny vLLM model is what the stage's tests run;
+- `scripted-reporter`: a RAGTIME-shaped report (studies/ragtime): one sentence per listed
+  document, its first words, citing it;
 - `cross-perfect` / `cross-unanswerable`: CROSS readers. The perfect one answers the largest
   7-digit number between `#CONTEXT` and `#ENDCONTEXT` (so it is right exactly when the
   target needle was in what it was shown); the other always answers UNANSWERABLE.
@@ -74,7 +76,20 @@ def nugget_reply(prompt: str) -> str:
     return "[]"
 
 
+def report_reply(prompt: str) -> str:
+    """scripted-reporter: each listed document's first words as a sentence citing it."""
+    block = prompt.split("Documents:\n", 1)[-1].split("\n\nReport:", 1)[0]
+    out = []
+    for line in block.splitlines()[:3]:
+        m = re.match(r"^\[([^\]]+)\]\s*(.*)$", line)
+        if m:
+            out.append(f"{' '.join(m.group(2).split()[:10]).rstrip('.')} [{m.group(1)}].")
+    return " ".join(out)
+
+
 def reply(prompt: str, model: str) -> str:
+    if model == "scripted-reporter":
+        return report_reply(prompt)
     if model == "scripted-nuggets":
         return nugget_reply(prompt)
     if model == "cross-perfect":
@@ -112,7 +127,8 @@ def reply(prompt: str, model: str) -> str:
 def serve(port: int, host: str = "127.0.0.1") -> None:
     from aiohttp import web
 
-    models = [*QUALITY, "scripted-judge", "scripted-nuggets", *CROSS_READERS]
+    models = [*QUALITY, "scripted-judge", "scripted-nuggets", "scripted-reporter",
+              *CROSS_READERS]
 
     async def list_models(request):
         return web.json_response({"object": "list",

@@ -112,6 +112,15 @@ class NuggetStage(LLMStage):
         raise NotImplementedError("the nuggets stage judges a study's generations "
                                   "(jobs/study.py's StudyNuggetStage)")
 
+    def topic_inputs(self, cfg: XlingConfig, lang: str):
+        """What the study's topics are built from beside its own files (a `Retrieving`
+        study's documents); the study glue provides it."""
+        return None
+
+    def topic_input_dirs(self, cfg: XlingConfig) -> list[str]:
+        """The cells `topic_inputs` reads (the plan's edges)."""
+        return []
+
     def assign_stage(self) -> "AssignStage":
         stage = AssignStage()
         stage.parent = self
@@ -132,7 +141,8 @@ class NuggetStage(LLMStage):
                   "min_judgment": cfg.nuggets.min_judgment}
         return [Cell("nuggets", {"study": cfg.study.task, "lang": lang, "step": "create",
                                  "judge": cfg.nuggets.judge.label}, params,
-                     inputs=study.input_files(opts), n_shards=cfg.nuggets.shards)
+                     inputs=[*study.input_files(opts), *self.topic_input_dirs(cfg)],
+                     n_shards=cfg.nuggets.shards)
                 for lang in dict.fromkeys(c.key["lang"] for c in self.generation_cells(cfg))]
 
     def all_cells(self, cfg: XlingConfig) -> list[Cell]:
@@ -149,7 +159,8 @@ class NuggetStage(LLMStage):
 
         study = cited_study(cfg)
         rows = []
-        for t in study.nugget_topics(cfg.study.options, cell.key["lang"]):
+        for t in study.nugget_topics(cfg.study.options, cell.key["lang"],
+                                     self.topic_inputs(cfg, cell.key["lang"])):
             docs = [d["text"] for d in t["documents"] if _kept(d, cell.params["min_judgment"])]
             error = t.get("error") or (None if docs else "no judged document to make "
                                        "nuggets from")
@@ -240,7 +251,8 @@ class AssignStage(NuggetStage):
         study = cited_study(cfg)
         opts = cfg.study.options
         store = RunStore(cfg.run_root)
-        topics = {t["topic_id"]: t for t in study.nugget_topics(opts, cell.key["lang"])}
+        topics = {t["topic_id"]: t for t in study.nugget_topics(
+            opts, cell.key["lang"], self.parent.topic_inputs(cfg, cell.key["lang"]))}
         made = {r["item_id"]: r for r in read_rows(store, [cell.params["nuggets"]],
                                                    ["item_id", "nuggets", "error"],
                                                    f"nuggets cell {cell.id}")}

@@ -25,8 +25,8 @@ from xling.jobs.judge import JudgeStage
 from xling.jobs.narrow import NarrowStage, narrow_cell, read_selections
 from xling.jobs.nuggets import NuggetStage, nugget_results
 from xling.jobs.translate import TranslateStage, translate_cell
-from xling.studies.base import (Evidence, Featured, Judged, Narrowed, PairJudged, Study,
-                                StudyInputs, Translated, judge_scope)
+from xling.studies.base import (Evidence, Featured, Judged, Narrowed, PairJudged, Retrieving,
+                                Study, StudyInputs, Translated, judge_scope)
 from xling.studies.registry import NAMES, get_study
 
 if TYPE_CHECKING:
@@ -111,6 +111,8 @@ def prompt_sets(cfg: XlingConfig) -> list[dict]:
                     "and targets [en]") from None
         if isinstance(study, Narrowed) and study.needs_selection(setting):
             ps["selection"] = narrow_cell(cfg, study.selection_lang(lang)).id
+        if isinstance(study, Retrieving):
+            ps["retrieved"] = [c.id for c in retrieval_cells(cfg, study.retrieval(opts))]
         out.append(ps)
     if not out:
         raise ConfigError(f"study '{cfg.study.task}': the options select no prompt set "
@@ -153,8 +155,65 @@ def prompt_rows(cfg: XlingConfig, ps: dict) -> pa.Table:
     if "selection" in ps:
         cell = next(c for c in NarrowStage().cells(cfg) if c.id == ps["selection"])
         inputs.selections = read_selections(store, cell)
+    if "retrieved" in ps:
+        inputs.retrieved = retrieved_documents(cfg, study_of(cfg).retrieval(ps["options"]))
     rows = study_of(cfg).build_prompts(ps["options"], ps["setting"], ps["lang"], inputs=inputs)
     return built_prompt_table(rows, where=f"{ps['setting']}.{ps['lang']}")
+
+
+def retrieval_cells(cfg: XlingConfig, spec: dict) -> list[Cell]:
+    """The retrieve (or fusion) cells of a `Retrieving` study's run: one per doc language."""
+    from xling.jobs.retrieve import first_stage_cells, fusion_cells
+
+    if cfg.retrieve is None:
+        raise ConfigError(f"study '{cfg.study.task}' reads the hits of retrieve run "
+                          f"'{spec['run']}': add a `retrieve:` section that makes it")
+    cells = [c for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]
+             if c.key["run"] == spec["run"] and c.key["topics"] == spec["topics"]
+             and c.key["qlang"] == spec["qlang"] and c.key["doc_lang"] in spec["doc_langs"]]
+    missing = sorted(set(spec["doc_langs"]) - {c.key["doc_lang"] for c in cells})
+    if missing:
+        raise ConfigError(f"study '{cfg.study.task}': retrieve makes no run '{spec['run']}' "
+                          f"of topics '{spec['topics']}' ({spec['qlang']}) over {missing}: "
+                          "add it to retrieve.runs or retrieve.fusion")
+    return cells
+
+
+def retrieved_documents(cfg: XlingConfig, spec: dict) -> dict[str, list[dict]]:
+    """{query id: its top `k` documents}: the run's hits of every doc language merged by
+    rank (then score), each with its text (the original, or its translation into the
+    query language: `texts: dt`) and its qrels label (None where unjudged)."""
+    from xling.jobs.evaluate import _qrels_path, _read_qrels
+    from xling.jobs.rerank import _collections, _texts, text_documents
+    from xling.jobs.retrieve import first_stage_cells, fusion_cells
+
+    store = RunStore(cfg.run_root)
+    by_dir = {c.dir: c for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]}
+    ts = next(t for t in cfg.retrieve.topics if t.name == spec["topics"])
+    out: dict[str, list[dict]] = {}
+    for cell in retrieval_cells(cfg, spec):
+        dl = cell.key["doc_lang"]
+        hits = read_rows(store, [cell.dir], ["query_id", "doc_id", "rank", "score", "error"],
+                         f"study {cfg.study.task}")
+        top = [h for h in hits if h["error"] is None and h["rank"] <= spec["k"]]
+        text_lang = dl if spec["texts"] == "og" else spec["qlang"]
+        leaf = by_dir[cell.inputs[0]] if "fusion" in cell.params else cell
+        docs = [text_documents(cfg, col, dl, text_lang) for col in _collections(cfg, leaf)]
+        texts = _texts(docs, {h["doc_id"] for h in top}, cfg)
+        qrels = {}
+        if ts.qrels:
+            t = _read_qrels(_qrels_path(ts.qrels, spec["qlang"], dl))
+            qrels = {(q, d): r for q, d, r in zip(t["query_id"].to_pylist(),
+                                                  t["doc_id"].to_pylist(),
+                                                  t["relevance"].to_pylist())}
+        for h in top:
+            if h["doc_id"] in texts:
+                out.setdefault(h["query_id"], []).append({
+                    "docid": h["doc_id"], "doc_lang": dl, "title": None,
+                    "text": texts[h["doc_id"]], "rank": h["rank"], "score": h["score"],
+                    "judgment": qrels.get((h["query_id"], h["doc_id"]))})
+    return {q: sorted(ds, key=lambda d: (d["rank"], -d["score"]))[:spec["k"]]
+            for q, ds in out.items()}
 
 
 STUDY_METRICS = pa.schema([("study", pa.string()), ("setting", pa.string()), ("lang", pa.string()),
@@ -228,6 +287,19 @@ class StudyNuggetStage(NuggetStage):
 
     def generation_cells(self, cfg: XlingConfig) -> list[Cell]:
         return study_generations(cfg)
+
+    def topic_inputs(self, cfg: XlingConfig, lang: str) -> StudyInputs:
+        study = study_of(cfg)
+        if not isinstance(study, Retrieving):
+            return StudyInputs()
+        return StudyInputs(retrieved=retrieved_documents(
+            cfg, study.retrieval(cfg.study.options)))
+
+    def topic_input_dirs(self, cfg: XlingConfig) -> list[str]:
+        study = study_of(cfg)
+        if not isinstance(study, Retrieving):
+            return []
+        return [c.dir for c in retrieval_cells(cfg, study.retrieval(cfg.study.options))]
 
 
 def evaluate_cell(cfg: XlingConfig) -> Cell:

@@ -137,6 +137,9 @@ class StudyInputs:
     # doc id -> the language check's finding on a translation made anyway (lang_check: flag)
     translation_flags: dict[str, str] | None = None
     selections: Any = None
+    # a `Retrieving` study's documents: query id -> [{docid, doc_lang, title, text,
+    # judgment}], the run's top k, merged over the document languages by rank
+    retrieved: dict[str, list[dict]] | None = None
 
 
 @dataclass
@@ -289,6 +292,15 @@ class Ranked(Study):
         sections as a dict."""
 
 
+class Retrieving(Study):
+    """The prompts read the top documents of one of the config's retrieve runs (or
+    fusions): jobs/study.py reads its hits, texts and qrels into `StudyInputs.retrieved`."""
+
+    @abstractmethod
+    def retrieval(self, opts: Opts) -> dict:
+        """{run, topics, qlang, doc_langs, k, texts ("og" | "dt")}."""
+
+
 class Cited(Study):
     """Answers grounded in documents: the nuggets stage (jobs/nuggets.py) creates each
     topic's nuggets from its judged documents, then judges every answer's nuggets and
@@ -300,7 +312,7 @@ class Cited(Study):
         hash: a system added to the study must not change it)."""
 
     @abstractmethod
-    def nugget_topics(self, opts: Opts, lang: str) -> Rows:
+    def nugget_topics(self, opts: Opts, lang: str, inputs: StudyInputs | None = None) -> Rows:
         """The language's topics: `topic_id`, `query`, `documents` ([{docid, title, text,
         judgment}], the documents the answers were given, in the given order; `judgment`
         the human relevance label, None where there is none), `error`."""

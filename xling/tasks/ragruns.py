@@ -8,6 +8,7 @@ length = NFKC characters of the joined response texts, at most the topic's `limi
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 
@@ -80,3 +81,22 @@ def check_ragtime(lines: Iterable[str], limits: Mapping[str, int] | None = None)
     if len(runs) > 1:
         errors.append(f"more than one run_id: {sorted(runs)}")
     return errors
+
+
+_BRACKET = re.compile(r"\[[^\]]*\]")
+
+
+def cited_sentences(text: str, lang: str) -> list[dict]:
+    """A cited answer as the tracks' sentences: `[{text, citations}]`, each sentence's ids
+    from its ``[id]`` / ``[id1, id2]`` marks (in order, once each), the marks taken out of
+    the text; sentences cut by tasks/text.sentences in the answer's language."""
+    from xling.tasks.text import sentences
+
+    out = []
+    for sent in sentences(text.strip(), lang) if text and text.strip() else []:
+        ids = [i.strip() for group in _BRACKET.findall(sent) for i in group[1:-1].split(",")]
+        clean = re.sub(r"\s+([.,;:!?])", r"\1",
+                       re.sub(r"\s+", " ", _BRACKET.sub("", sent))).strip()
+        if clean:
+            out.append({"text": clean, "citations": list(dict.fromkeys(i for i in ids if i))})
+    return out

@@ -186,18 +186,11 @@ def parse_pair_verdict_reference(text: str) -> tuple[dict | None, str | None]:
     return parse_pair_verdict(text, "reference")
 
 
+
 def cited_sentences(gen: Mapping, lang: str) -> list[dict]:
     """The answer part of a generation (the parser's ``answer``, else the whole output) as
-    sentences with the ids each cites in brackets, marks taken out of the text (TREC RAG's
-    sentence/citation shape, for the nuggets stage)."""
-    from xling.tasks.text import sentences
+    sentences with the ids each cites (tasks/ragruns.cited_sentences), for the nuggets
+    stage."""
+    from xling.tasks.ragruns import cited_sentences as split
 
-    text = ((gen.get("parsed") or {}).get("answer") or gen.get("output") or "").strip()
-    out = []
-    for sent in sentences(text, lang) if text else []:
-        ids = [i.strip() for group in BRACKET.findall(sent) for i in group[1:-1].split(",")]
-        clean = re.sub(r"\s+([.,;:!?])", r"\1",
-                       re.sub(r"\s+", " ", BRACKET.sub("", sent))).strip()
-        if clean:
-            out.append({"text": clean, "citations": list(dict.fromkeys(i for i in ids if i))})
-    return out
+    return split(((gen.get("parsed") or {}).get("answer") or gen.get("output") or ""), lang)

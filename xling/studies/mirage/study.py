@@ -136,7 +136,7 @@ class MIRAGE(PairJudged, Featured, Cited):
     def nugget_options(self, opts: Opts) -> dict:
         return {k: opts.get(k) for k in ("data", "split", "limit")}
 
-    def nugget_topics(self, opts: Opts, lang: str) -> Rows:
+    def nugget_topics(self, opts: Opts, lang: str, inputs=None) -> Rows:
         """Each query's passages as the prompt gave them, with the dataset's labels
         (positive_ids 1, negative_ids 0) as judgments."""
         return [{"topic_id": item["query_id"], "query": item["query"], "error": item["error"],

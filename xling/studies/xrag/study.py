@@ -63,7 +63,7 @@ class XRAG(Translated, Judged, Cited):
         return {"data": opts["data"], "limit": opts.get("limit"),
                 "subsets": sorted({settings.spec_of(s).subset for s in opts["settings"]})}
 
-    def nugget_topics(self, opts: Opts, lang: str) -> Rows:
+    def nugget_topics(self, opts: Opts, lang: str, inputs=None) -> Rows:
         """The instances the settings ask (the first `limit` of each subset used), their
         articles in stored order, `is_support` as the label (1 supporting, 0 not)."""
         from .data import items_for
