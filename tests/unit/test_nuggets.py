@@ -342,3 +342,64 @@ def test_agreement_with_qrels_kappa_and_tau():
     assert a["kappa_full"] == pytest.approx(1.0)  # FS exactly where the qrels say relevant
     # support precision a 1.0, b 0.5, c 0.25; relevant share a 1.0, b 0.5, c 0.0: same order
     assert (a["tau_b"], a["tau_a"], a["runs"]) == (pytest.approx(1.0), pytest.approx(1.0), 3)
+
+
+# ---------------------------------------------------------------------------------------
+# studies as nugget inputs (Cited)
+
+
+def test_ragtime_study_prompts_topics_and_answers():
+    from xling.studies.base import StudyInputs
+    from xling.studies.registry import get_study
+
+    study = get_study("ragtime")
+    opts = study.validate_options({
+        "requests": "data/demo/topics/topics.known-item-en-{doc_lang}.tsv",
+        "doc_langs": ["ru", "sw"], "run": "rrf", "topics": "known-item-en", "k": 2})
+    docs = {"ru-1": [{"docid": "7#0", "doc_lang": "ru", "title": None, "text": "Vilnius  is\n"
+                      "the capital.", "judgment": 1}]}
+    rows = study.build_prompts(opts, "report", "en", inputs=StudyInputs(retrieved=docs))
+    assert [r["item_id"] for r in rows][:2] == ["ru-1", "ru-2"] and len(rows) == 8
+    ru1 = rows[0]["prompt"][0]["content"]
+    assert "Request: The capital of the country is Vilnius." in ru1
+    assert "Documents:\n[7#0] Vilnius is the capital.\n\nReport:" in ru1
+    assert rows[1]["prompt"] is None and rows[1]["error"] == "the run found no document"
+    topics = study.nugget_topics(opts, "en", StudyInputs(retrieved=docs))
+    assert topics[0]["documents"] == docs["ru-1"] and topics[1]["documents"] == []
+    gen = {"lang": "en", "output": "Vilnius is the capital [7#0]. It is old [7#0, 7#1].",
+           "parsed": {"answer": "Vilnius is the capital [7#0]. It is old [7#0, 7#1]."}}
+    assert study.cited_answer(opts, gen) == [
+        {"text": "Vilnius is the capital.", "citations": ["7#0"]},
+        {"text": "It is old.", "citations": ["7#0", "7#1"]}]
+
+
+def test_cited_sentences_in_other_scripts():
+    """Sentences and citation marks in Chinese, Arabic and Russian (the RAGTIME document
+    languages), cut by tasks/text.sentences."""
+    from xling.tasks.ragruns import cited_sentences
+
+    zh = cited_sentences("北京是中国的首都[d1]。上海是最大的城市[d2, d3]。", "zh")
+    assert [s["citations"] for s in zh] == [["d1"], ["d2", "d3"]]
+    assert zh[0]["text"] == "北京是中国的首都。"
+    ar = cited_sentences("القاهرة عاصمة مصر [d1]. النيل أطول نهر [d2].", "ar")
+    assert [s["citations"] for s in ar] == [["d1"], ["d2"]]
+    ru = cited_sentences("Москва — столица России [d1]. Без ссылки.", "ru")
+    assert ru == [{"text": "Москва — столица России.", "citations": ["d1"]},
+                  {"text": "Без ссылки.", "citations": []}]
+
+
+def test_xrag_and_mirage_topics_carry_their_labels():
+    from xling.studies.registry import get_study
+
+    mirage = get_study("mirage")
+    opts = mirage.validate_options({"data": "tests/data/mirage/mirage-bench",
+                                    "langs": ["en", "sw"]})
+    t = mirage.nugget_topics(opts, "sw")[0]
+    assert [d["judgment"] for d in t["documents"]].count(1) == 2  # positive_ids
+    xrag = get_study("xrag")
+    xopts = xrag.validate_options({"data": "data/demo/xrag/xrag.test.jsonl", "langs": ["de"],
+                                   "settings": ["mono"], "limit": 2})
+    xt = xrag.nugget_topics(xopts, "de")
+    assert len(xt) == 2 and all(any(d["judgment"] == 1 for d in t["documents"]) for t in xt)
+    assert xrag.cited_answer(xopts, {"lang": "de", "parsed": {"answer": "Berlin. Ja."}}) == [
+        {"text": "Berlin.", "citations": []}, {"text": "Ja.", "citations": []}]

@@ -37,10 +37,8 @@ from pydantic import Field
 from xling.actors.llm import Sampling
 from xling.core.cells import CELL, RID, Cell
 from xling.core.config import ConfigError, NoHash, Strict
-from xling.core.hosts import shared_hosts
-from xling.core.llm import (LLMSpec, LLMStage, SamplingSpec, StoreLLM, actor_env, check_model,
-                            engine_params, engine_spec, num_gpus, sampling_of)
-from xling.core.pools import actor_pool
+from xling.core.llm import (LLMSpec, LLMStage, SamplingSpec, StoreLLM, check_model,
+                            engine_params, llm_pool, sampling_of)
 from xling.core.status import part_files, read_rows
 from xling.core.store import RunStore
 from xling.studies.base import Cited
@@ -170,24 +168,14 @@ class NuggetStage(LLMStage):
 
     def map(self, ds, cells: list[Cell], cfg: XlingConfig):
         spec = cfg.nuggets.judge
-        hosts = shared_hosts(spec)
-        if hosts:
-            import ray.data
-
-            compute = ray.data.ActorPoolStrategy(size=len(hosts), max_concurrent_calls_per_actor=4)
-            resources = dict(num_cpus=0, num_gpus=0)
-        else:
-            compute = actor_pool(spec.parallel, key="nuggets.judge.parallel", calls_per_actor=4)
-            resources = dict(num_cpus=spec.parallel.num_cpus, num_gpus=num_gpus(spec))
+        pool, actor = llm_pool(spec, cfg.run_root, cache=cfg.nuggets.cache,
+                               key="nuggets.judge.parallel")
         return ds.map_batches(
-            NuggetWorker, batch_format="pyarrow", batch_size=spec.parallel.batch_size,
+            NuggetWorker, batch_format="pyarrow", **pool,
             fn_constructor_kwargs=dict(
-                store_uri=RunStore(cfg.run_root).uri, engine=engine_spec(spec),
-                cache=cfg.nuggets.cache, env=actor_env(spec), cache_name=spec.model,
-                hosts=hosts, options=spec.call_options(),
+                **actor, options=spec.call_options(),
                 calls=[{"sampling": c.params["sampling"], "knobs": c.params["knobs"],
-                        "support": c.params.get("support", [])} for c in cells]),
-            compute=compute, **resources)
+                        "support": c.params.get("support", [])} for c in cells]))
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
         t = store.read_parquet(part_files(store, cell.dir),

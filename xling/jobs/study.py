@@ -183,7 +183,9 @@ def retrieved_documents(cfg: XlingConfig, spec: dict) -> dict[str, list[dict]]:
     """{query id: its top `k` documents}: the run's hits of every doc language merged by
     rank (then score), each with its text (the original, or its translation into the
     query language: `texts: dt`) and its qrels label (None where unjudged)."""
-    from xling.jobs.evaluate import _qrels_path, _read_qrels
+    import io
+
+    from xling.core.sources import _open
     from xling.jobs.rerank import _collections, _texts, text_documents
     from xling.jobs.retrieve import first_stage_cells, fusion_cells
 
@@ -201,11 +203,12 @@ def retrieved_documents(cfg: XlingConfig, spec: dict) -> dict[str, list[dict]]:
         docs = [text_documents(cfg, col, dl, text_lang) for col in _collections(cfg, leaf)]
         texts = _texts(docs, {h["doc_id"] for h in top}, cfg)
         qrels = {}
-        if ts.qrels:
-            t = _read_qrels(_qrels_path(ts.qrels, spec["qlang"], dl))
-            qrels = {(q, d): r for q, d, r in zip(t["query_id"].to_pylist(),
-                                                  t["doc_id"].to_pylist(),
-                                                  t["relevance"].to_pylist())}
+        if ts.qrels:  # {lang} is the query language, as the evaluate stage reads it
+            from xling.tasks.topics import iter_qrels
+
+            with _open(ts.qrels.replace("{doc_lang}", dl).replace("{lang}", spec["qlang"])) as f:
+                qrels = {(r["query_id"], r["doc_id"]): r["relevance"]
+                         for r in iter_qrels(io.BytesIO(f.read()))}
         for h in top:
             if h["doc_id"] in texts:
                 out.setdefault(h["query_id"], []).append({
