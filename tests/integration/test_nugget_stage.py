@@ -32,7 +32,7 @@ def _config(path, run_root: str, url: str, tiny: str, systems: list[str]) -> Non
           task: mirage
           options:
             data: {MIRAGE_DATA}/mirage-bench
-            langs: [en, sw]
+            langs: [en]
             reference_model: s1
             held_out: []
             features: [citation_MAP@10, answer_bleu]
@@ -50,7 +50,7 @@ def _config(path, run_root: str, url: str, tiny: str, systems: list[str]) -> Non
           sampling: {{max_tokens: 12}}
           max_tries: 2
           support: [trec24]
-          shards: 4
+          shards: 2
         stages: [generate, nuggets]
         """))
 
@@ -69,7 +69,7 @@ def test_nuggets_killed_and_resumed_with_a_second_system(tmp_path, tiny_models, 
         server.reply_fn = lambda prompt, model: generator_reply(prompt, model)
         _config(cfg, run_root, server.url, "tiny:llama_chat", ["s1"])
         proc = xling("run", "--config", str(cfg), "--no-progress",
-                     env={"XLING_FAULT_COMMIT_DELAY": "1.0"},
+                     env={"XLING_FAULT_COMMIT_DELAY": "0.5"},
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         kill_after_commits(proc, store, "nuggets", n=1, timeout=600)
         before = _cache_keys(store)
@@ -81,12 +81,12 @@ def test_nuggets_killed_and_resumed_with_a_second_system(tmp_path, tiny_models, 
     done = manifests(store, "nuggets")
     create = [m for m in done if m["key"]["step"] == "create"]
     assign = [m for m in done if m["key"]["step"] == "assign"]
-    assert sorted(m["key"]["lang"] for m in create) == ["en", "sw"]
+    assert [m["key"]["lang"] for m in create] == ["en"]
     # one create cell per language, its id without any system in it ...
     assert all("s1" not in m["cell"] and "s2" not in m["cell"] for m in create)
     # ... read by both systems' assign cells
     assert {(m["key"]["system"], m["key"]["lang"]) for m in assign} == {
-        (s, lang) for s in ("s1", "s2") for lang in ("en", "sw")}
+        ("s1", "en"), ("s2", "en")}
     by_lang = {m["key"]["lang"]: m["dir"] for m in create}
     assert all(m["params"]["nuggets"] == by_lang[m["key"]["lang"]] for m in assign)
 
