@@ -21,18 +21,19 @@ from xling.jobs.index import IndexConfig
 from xling.jobs.ingest import IngestConfig
 from xling.jobs.judge import JudgeConfig
 from xling.jobs.narrow import NarrowConfig
+from xling.jobs.nuggets import NuggetsConfig
 from xling.jobs.rerank import RerankConfig
 from xling.jobs.retrieve import RetrieveConfig
 from xling.jobs.study import StudyConfig
 from xling.jobs.translate import TranslateConfig
-from xling.studies.base import Narrowed
+from xling.studies.base import Cited, Narrowed
 from xling.studies.registry import get_study, names_with
 
 __all__ = ["ConfigError", "STAGE_ORDER", "XlingConfig", "load_config", "validate_config"]
 
 
 STAGE_ORDER = ("ingest", "translate", "index", "retrieve", "rerank", "narrow", "generate",
-               "features", "judge", "evaluate", "report")
+               "features", "judge", "nuggets", "evaluate", "report")
 
 
 class XlingConfig(Strict):
@@ -55,6 +56,7 @@ class XlingConfig(Strict):
     generate: GenerateConfig | None = None
     features: FeaturesConfig | None = None
     judge: JudgeConfig | None = None
+    nuggets: NuggetsConfig | None = None
     evaluate: EvaluateConfig | None = None
     sweep: SweepConfig | None = NoHash(None, description="the grid `xling sweep` runs")
 
@@ -86,10 +88,14 @@ class XlingConfig(Strict):
                 raise ValueError(why)
         if study is not None:
             study.check_config(self.study.options, self)
-        for name in ("judge", "features"):
+        for name in ("judge", "features", "nuggets"):
             if getattr(self, name) is not None and (self.study is None or self.generate is None):
                 raise ValueError(f"{name} scores a study's generations: it needs `study:` and "
                                  "`generate:` sections")
+        if self.nuggets is not None and not isinstance(study, Cited):
+            raise ValueError(f"nuggets: study '{self.study.task}' has no documents to make "
+                             "nuggets from; it works on the studies that cite documents: "
+                             f"{', '.join(names_with(Cited))} (remove `nuggets:` otherwise)")
         if self.generate is not None and not self.generate.prompts and self.study is None:
             raise ValueError("generate needs prompts: list files under generate.prompts, or add "
                              "a `study:` section whose study package builds them")

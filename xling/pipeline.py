@@ -39,12 +39,14 @@ def stage_registry() -> dict:
     from xling.jobs.features import FeaturesStage
     from xling.jobs.generate import GenerateStage
     from xling.jobs.judge import JudgeStage
+    from xling.jobs.nuggets import NuggetStage
     from xling.jobs.translate import TranslateStage
 
     return {"ingest": IngestStage, "translate": TranslateStage, "index": IndexStage,
             "retrieve": RetrieveStage, "rerank": RerankStage, "narrow": NarrowStage,
             "generate": GenerateStage,
-            "features": FeaturesStage, "judge": JudgeStage, "evaluate": EvaluateStage}
+            "features": FeaturesStage, "judge": JudgeStage, "nuggets": NuggetStage,
+            "evaluate": EvaluateStage}
 
 
 def is_driver_stage(stage_cls) -> bool:

@@ -261,7 +261,7 @@ def test_no_import_cycles():
 
 def test_jobs_holds_only_stages_and_the_study_glue():
     stages = {"ingest", "translate", "index", "retrieve", "rerank", "narrow", "generate",
-              "features", "judge", "evaluate", "report", "study"}
+              "features", "judge", "nuggets", "evaluate", "report", "study"}
     assert {p.stem for p in (PKG / "jobs").glob("*.py")} - {"__init__"} <= stages
 
 

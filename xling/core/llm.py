@@ -281,8 +281,21 @@ def generate_pool(ds, run_root: str, specs: dict, calls: list[tuple[str, dict, s
     """Map prompt rows of cells that share one engine through a StoreGenerator actor pool;
     `calls[i]` = (model label, sampling, parser name) of the batch rows' cell i."""
     first = specs[calls[0][0]]
-    p = first.parallel
-    hosts = shared_hosts(first)
+    pool, actor = llm_pool(first, run_root, cache=cache,
+                           key=f"{where}['{first.label}'].parallel")
+    return ds.map_batches(
+        StoreGenerator, batch_format="pyarrow", **pool,
+        fn_constructor_kwargs=dict(
+            **actor, calls=[{"model": label, "sampling": sampling, "parser": parser,
+                             "options": specs[label].call_options()}
+                            for label, sampling, parser in calls]))
+
+
+def llm_pool(spec: EngineSpec, run_root: str, *, cache: bool, key: str) -> tuple[dict, dict]:
+    """(map_batches arguments, StoreLLM constructor arguments) of a pool of actors over one
+    LLM entry's engine, for any stage that asks an LLM per row."""
+    p = spec.parallel
+    hosts = shared_hosts(spec)
     if hosts:  # the engine lives in the run's hosts: the pool only forwards (core/hosts.py)
         import ray.data
 
@@ -292,18 +305,11 @@ def generate_pool(ds, run_root: str, specs: dict, calls: list[tuple[str, dict, s
         # host's was what the reads that need a whole one could not get.
         resources = dict(num_cpus=0, num_gpus=0)
     else:
-        compute = actor_pool(p, key=f"{where}['{first.label}'].parallel",
-                             calls_per_actor=BATCHES_IN_FLIGHT)
-        resources = dict(num_cpus=p.num_cpus, num_gpus=num_gpus(first))
-    return ds.map_batches(
-        StoreGenerator, batch_format="pyarrow", batch_size=p.batch_size,
-        fn_constructor_kwargs=dict(
-            store_uri=RunStore(run_root).uri, engine=engine_spec(first), cache=cache,
-            env=actor_env(first), cache_name=first.model, hosts=hosts,
-            calls=[{"model": label, "sampling": sampling, "parser": parser,
-                    "options": specs[label].call_options()}
-                   for label, sampling, parser in calls]),
-        compute=compute, **resources)
+        compute = actor_pool(p, key=key, calls_per_actor=BATCHES_IN_FLIGHT)
+        resources = dict(num_cpus=p.num_cpus, num_gpus=num_gpus(spec))
+    actor = dict(store_uri=RunStore(run_root).uri, engine=engine_spec(spec), cache=cache,
+                 env=actor_env(spec), cache_name=spec.model, hosts=hosts)
+    return dict(batch_size=p.batch_size, compute=compute, **resources), actor
 
 
 class StoreGenerator(StoreLLM):

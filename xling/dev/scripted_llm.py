@@ -12,6 +12,13 @@ call:
   tie, except on about a third of the questions (by a hash of the question), where it
   prefers the weaker answer: a judge that is never wrong makes Bradley-Terry's estimate
   infinite. On the pointwise prompts it gives a fixed score and rating;
+- `scripted-nuggets`: a stand-in for the nugget judge (jobs/nuggets.py) on the nuggetizer's
+  and the support prompts: nuggets are the first words of each document, labels alternate
+  vital/okay, a nugget is supported when its words are in the answer, a citation when the
+  sentence shares words with it. Well-formed replies, so that the demo's nugget tables have
+  numbers to show; the tiny vLLM model is what the stage's tests run;
+- `scripted-reporter`: a RAGTIME-shaped report (studies/ragtime): one sentence per listed
+  document, its first words, citing it;
 - `cross-perfect` / `cross-unanswerable`: CROSS readers. The perfect one answers the largest
   7-digit number between `#CONTEXT` and `#ENDCONTEXT` (so it is right exactly when the
   target needle was in what it was shown); the other always answers UNANSWERABLE.
@@ -32,7 +39,59 @@ QUALITY = {"scripted-best": 4, "scripted-good": 3, "scripted-fair": 2, "scripted
 CROSS_READERS = ("cross-perfect", "cross-unanswerable")
 
 
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"\w+", text.lower()) if len(w) > 3}
+
+
+def nugget_reply(prompt: str) -> str:
+    """scripted-nuggets' reply to a nuggetizer, TREC 2024 support or attestation prompt."""
+    import ast
+
+    if "Updated Nugget List:" in prompt:
+        ctx = prompt.split("Context:\n", 1)[1].split("\nSearch Query:", 1)[0]
+        old = ast.literal_eval(prompt.split("Initial Nugget List: ", 1)[1].split("\n", 1)[0])
+        new = [" ".join(line.split("] ", 1)[-1].split()[:6]) for line in ctx.splitlines()]
+        return repr(list(dict.fromkeys(old + new))[:8])
+    nuggets = ast.literal_eval(prompt.split("Nugget List: ", 1)[1].split("\n", 1)[0]) \
+        if "Nugget List: " in prompt else []
+    if "either a vital or okay" in prompt:
+        return repr(["vital" if i % 2 == 0 else "okay" for i in range(len(nuggets))])
+    if "Passage: " in prompt:
+        passage = _words(prompt.split("Passage: ", 1)[1].split("\nNugget List:", 1)[0])
+        labels = []
+        for n in nuggets:
+            share = len(_words(n) & passage) / max(1, len(_words(n)))
+            labels.append("support" if share >= 0.8 else "partial_support" if share > 0
+                          else "not_support")
+        return repr(labels)
+    if "Statement: " in prompt:
+        st = _words(prompt.split("Statement: ", 1)[1].split("\n\nCitation:", 1)[0])
+        ci = _words(prompt.split("Citation: ", 1)[1])
+        share = len(st & ci) / max(1, len(st))
+        return "Full Support" if share >= 0.5 else "Partial Support" if share else "No Support"
+    if "Sentence: " in prompt:
+        body = prompt.rsplit("Sentence: ", 1)[1]
+        st, doc = body.split("\nDocument: ", 1)
+        return "YES" if _words(st) & _words(doc) else "NO"
+    return "[]"
+
+
+def report_reply(prompt: str) -> str:
+    """scripted-reporter: each listed document's first words as a sentence citing it."""
+    block = prompt.split("Documents:\n", 1)[-1].split("\n\nReport:", 1)[0]
+    out = []
+    for line in block.splitlines()[:3]:
+        m = re.match(r"^\[([^\]]+)\]\s*(.*)$", line)
+        if m:
+            out.append(f"{' '.join(m.group(2).split()[:10]).rstrip('.')} [{m.group(1)}].")
+    return " ".join(out)
+
+
 def reply(prompt: str, model: str) -> str:
+    if model == "scripted-reporter":
+        return report_reply(prompt)
+    if model == "scripted-nuggets":
+        return nugget_reply(prompt)
     if model == "cross-perfect":
         ctx = prompt.split("#CONTEXT", 1)[-1].split("#ENDCONTEXT", 1)[0]
         numbers = [int(n) for n in re.findall(r"(?<![0-9])[0-9]{7}(?![0-9])", ctx)]
@@ -41,10 +100,14 @@ def reply(prompt: str, model: str) -> str:
         return "UNANSWERABLE"
     if model in QUALITY:
         ctx = prompt.split("Contexts:", 1)[-1]
-        first = re.search(r"^\[([^\]]+)\]", ctx.strip(), re.M)
+        first = re.search(r"^\[([^\]]+)\]\s*(.*)$", ctx.strip(), re.M)
         cite = f" [{first.group(1)}]" if first and QUALITY[model] >= 3 else ""
+        # the best model also restates the passage it cites (so that the nugget demo's
+        # judges have words to match); the others only point at it
+        said = " ".join(first.group(2).split()[:12]).rstrip(".") if first and \
+            QUALITY[model] == 4 else "See the first context"
         return (f"##Reason: The contexts answer the question{cite}.\n"
-                f"##Answer: See the first context{cite}. QUALITY={QUALITY[model]}")
+                f"##Answer: {said}{cite}. QUALITY={QUALITY[model]}")
     if "Assistant A's Answer]" in prompt:
         def quality(side: str) -> int:
             part = prompt.split(f"[The Start of Assistant {side}'s Answer]", 1)[1].split(
@@ -64,7 +127,8 @@ def reply(prompt: str, model: str) -> str:
 def serve(port: int, host: str = "127.0.0.1") -> None:
     from aiohttp import web
 
-    models = [*QUALITY, "scripted-judge", *CROSS_READERS]
+    models = [*QUALITY, "scripted-judge", "scripted-nuggets", "scripted-reporter",
+              *CROSS_READERS]
 
     async def list_models(request):
         return web.json_response({"object": "list",

@@ -42,12 +42,14 @@ from pydantic import Field, field_validator
 
 from xling.core.config import ConfigError, NoHash, Strict, hashable
 from xling.core.cells import Cell, DriverStage
-from xling.core.status import TABLE, read_cell
+from xling.core.status import TABLE, read_cell, read_rows
 from xling.core.store import RunStore
 from xling.jobs.features import FeaturesStage
 from xling.jobs.generate import study_generations
 from xling.jobs.judge import JudgeStage
-from xling.studies.base import Generative, Ranked
+from xling.jobs.nuggets import NuggetStage, nugget_results
+from xling.jobs.study import study_of
+from xling.studies.base import Evidence, Generative, Judged, Ranked
 from xling.studies.registry import get_study
 from xling.tasks.tables import fmt
 
@@ -220,10 +222,108 @@ def study_evaluate_cell(cfg: XlingConfig) -> Cell:
               "labels": labels}
     if scored:
         params["features"] = scored
+    # the nuggets stage's assign cells: their scores go beside the study's own metrics
+    nuggets = ([c.dir for c in NuggetStage().assign_stage().cells(cfg)]
+               if ran and cfg.nuggets else [])
+    if nuggets:
+        params["nuggets"] = nuggets
     return Cell("evaluate", {"study": cfg.study.task}, params,
-                inputs=[*gens, *judged, *scored, *files, *([labels] if labels else [])],
+                inputs=[*gens, *judged, *scored, *nuggets, *files,
+                        *([labels] if labels else [])],
                 n_shards=1)
 
+
+
+STUDY_METRICS = pa.schema([("study", pa.string()), ("setting", pa.string()), ("lang", pa.string()),
+                           ("model", pa.string()), ("metric", pa.string()),
+                           ("value", pa.float64()), ("ci_low", pa.float64()),
+                           ("ci_high", pa.float64()), ("n", pa.int64())])
+
+
+def detect_languages(study: Judged, opts: dict, gens: list[dict]) -> tuple[dict, dict]:
+    """{(setting, lang, model, item_id): detected code} of each parsed answer, with lingua
+    restricted to the study's answer languages and English; and the detector's setting."""
+    from xling.actors.langid import LanguageDetector
+    from xling.tasks.languages import lingua_language
+
+    codes = sorted({*study.answer_languages(opts), "en"})
+    names = {c: lingua_language(c) for c in codes}
+    lacking = [c for c, n in names.items() if n is None]
+    if lacking:
+        raise ConfigError(f"judge.language_check: lingua cannot detect {lacking}; set "
+                          "judge.language_check: false or drop those languages")
+    detector = LanguageDetector(sorted(set(names.values())))
+    back = {n: c for c, n in names.items()}
+    texts = [(g.get("parsed") or {}).get("answer") for g in gens]
+    found = detector.detect(texts)
+    detected = {(g["setting"], g["lang"], g["model"], g["item_id"]): back.get(n) if n else None
+                for g, n in zip(gens, found)}
+    return detected, {**detector.setting, "codes": codes}
+
+
+def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -> dict:
+    """Score the study's generations the paper's way: items, metrics and the paper's tables.
+    Returns the manifest's fields (jobs/evaluate.py writes the manifest)."""
+    import json
+    from collections import Counter
+
+    from xling.core.status import ITEMS, PLOTS, TABLE
+
+    study, opts = study_of(cfg), cell.params["options"]
+    gens = read_rows(store, cell.params["generations"],
+                     ["item_id", "study", "setting", "lang", "model", "parsed", "output", "error",
+                      *study.score_columns], "evaluate")
+    evidence, check = Evidence(), None
+    if cell.params["judgments"]:
+        evidence.judgments = read_rows(
+            store, cell.params["judgments"],
+            ["item_id", "setting", "lang", "model", "judge", "verdict", "error"], "evaluate")
+        evidence.labels = cell.params["labels"]
+        if cell.params["language_check"]:
+            evidence.detected, check = detect_languages(study, opts, gens)
+    if cell.params.get("features"):
+        scored = read_rows(store, cell.params["features"],
+                           ["item_id", "lang", "model", "scorer", "kind", "scores", "output",
+                            "error"], "evaluate")
+        for r in scored:
+            r["scores"] = json.loads(r["scores"]) if r["scores"] else None
+        evidence.features = scored
+    items, metrics = study.score(opts, gens, evidence)
+    rendered = study.render(opts, items, metrics)
+    nuggets = None
+    if cell.params.get("nuggets"):
+        more, md, nugget_items = nugget_results(store, cell.params["nuggets"])
+        metrics = [*metrics, *more]
+        rendered.markdown = f"{rendered.markdown.rstrip()}\n\n{md}"
+        store.write_parquet(f"{cell.dir}/_nuggets.parquet", pa.Table.from_pylist(
+            [{**i, **{k: json.dumps(i[k]) for k in ("support", "argue") if k in i}}
+             for i in nugget_items]))
+        nuggets = {"answers": len(nugget_items), "file": "_nuggets.parquet",
+                   "errors": sum(1 for i in nugget_items if i["error"])}
+    table = pa.Table.from_pylist(metrics, schema=STUDY_METRICS)
+    store.write_parquet(f"{cell.dir}/part-00000.parquet", table)
+    # only the metrics rows are part-*.parquet: the rest starts with `_` (jobs/evaluate.py)
+    store.write_parquet(f"{cell.dir}/{ITEMS}", pa.Table.from_pylist(items))
+    store.write_bytes(f"{cell.dir}/{TABLE}", rendered.markdown.encode())
+    for name, data in rendered.plots.items():
+        store.write_bytes(f"{cell.dir}/{PLOTS}/{name}", data)
+    errors = sum(1 for i in items if i.get("error"))
+    log(f"[evaluate] {cell.id}: {len(gens)} generations, {errors} unusable items -> "
+        f"{store.url(cell.dir)}\n{rendered.markdown}")
+    return {"rows": table.num_rows, "errors": 0, "files": ["part-00000.parquet"],
+            "items": {"rows": len(items), "errors": errors, "file": ITEMS,
+                      # prompts the engine cut to fit max_model_len (XRAG items carry it)
+                      **({"truncated": sum(1 for i in items if i.get("truncated"))}
+                         if any("truncated" in i for i in items) else {}),
+                      # how each item ended (XRAG: judged, failed, unjudged, unparsed...;
+                      # BordIRLines: scored, unparsed, failed, invalid), so that no item
+                      # leaves a denominator unseen
+                      **({"outcomes": dict(sorted(Counter(
+                          str(i["outcome"]) for i in items if i.get("outcome")).items()))}
+                         if any(i.get("outcome") for i in items) else {})},
+            "generations": len(gens), "language_check": check, "table": TABLE,
+            **({"nuggets": nuggets} if nuggets else {}),
+            "plots": sorted(f"{PLOTS}/{n}" for n in rendered.plots)}
 
 class EvaluateStage(DriverStage):
     name = "evaluate"
@@ -233,8 +333,6 @@ class EvaluateStage(DriverStage):
 
     def run_cell(self, cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -> dict:
         if "study" in cell.key:
-            from xling.jobs.study import run_study_cell
-
             return run_study_cell(cfg, store, cell, log=log)
         return evaluate_cell(cfg, store, cell, log=log)
 

@@ -21,7 +21,7 @@ from xling.core.status import read_rows, require_done
 from xling.core.store import RunStore
 from xling.jobs.narrow import NarrowStage, narrow_cell, read_selections
 from xling.jobs.translate import TranslateStage, translate_cell
-from xling.studies.base import (Evidence, Generative, Judged, Narrowed, Study, StudyInputs,
+from xling.studies.base import (Generative, Narrowed, Retrieving, Study, StudyInputs,
                                 Translated)
 from xling.studies.registry import NAMES, get_study
 
@@ -109,6 +109,8 @@ def prompt_sets(cfg: XlingConfig) -> list[dict]:
                     "and targets [en]") from None
         if isinstance(study, Narrowed) and study.needs_selection(setting):
             ps["selection"] = narrow_cell(cfg, study.selection_lang(lang)).id
+        if isinstance(study, Retrieving):
+            ps["retrieved"] = [c.id for c in retrieval_cells(cfg, study.retrieval(opts))]
         out.append(ps)
     if not out:
         raise ConfigError(f"study '{cfg.study.task}': the options select no prompt set "
@@ -151,86 +153,65 @@ def prompt_rows(cfg: XlingConfig, ps: dict) -> pa.Table:
     if "selection" in ps:
         cell = next(c for c in NarrowStage().cells(cfg) if c.id == ps["selection"])
         inputs.selections = read_selections(store, cell)
+    if "retrieved" in ps:
+        inputs.retrieved = retrieved_documents(cfg, study_of(cfg).retrieval(ps["options"]))
     rows = study_of(cfg).build_prompts(ps["options"], ps["setting"], ps["lang"], inputs=inputs)
     return built_prompt_table(rows, where=f"{ps['setting']}.{ps['lang']}")
 
 
-STUDY_METRICS = pa.schema([("study", pa.string()), ("setting", pa.string()), ("lang", pa.string()),
-                           ("model", pa.string()), ("metric", pa.string()),
-                           ("value", pa.float64()), ("ci_low", pa.float64()),
-                           ("ci_high", pa.float64()), ("n", pa.int64())])
+def retrieval_cells(cfg: XlingConfig, spec: dict) -> list[Cell]:
+    """The retrieve (or fusion) cells of a `Retrieving` study's run: one per doc language."""
+    from xling.jobs.retrieve import first_stage_cells, fusion_cells
+
+    if cfg.retrieve is None:
+        raise ConfigError(f"study '{cfg.study.task}' reads the hits of retrieve run "
+                          f"'{spec['run']}': add a `retrieve:` section that makes it")
+    cells = [c for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]
+             if c.key["run"] == spec["run"] and c.key["topics"] == spec["topics"]
+             and c.key["qlang"] == spec["qlang"] and c.key["doc_lang"] in spec["doc_langs"]]
+    missing = sorted(set(spec["doc_langs"]) - {c.key["doc_lang"] for c in cells})
+    if missing:
+        raise ConfigError(f"study '{cfg.study.task}': retrieve makes no run '{spec['run']}' "
+                          f"of topics '{spec['topics']}' ({spec['qlang']}) over {missing}: "
+                          "add it to retrieve.runs or retrieve.fusion")
+    return cells
 
 
-def detect_languages(study: Judged, opts: dict, gens: list[dict]) -> tuple[dict, dict]:
-    """{(setting, lang, model, item_id): detected code} of each parsed answer, with lingua
-    restricted to the study's answer languages and English; and the detector's setting."""
-    from xling.actors.langid import LanguageDetector
-    from xling.tasks.languages import lingua_language
+def retrieved_documents(cfg: XlingConfig, spec: dict) -> dict[str, list[dict]]:
+    """{query id: its top `k` documents}: the run's hits of every doc language merged by
+    rank (then score), each with its text (the original, or its translation into the
+    query language: `texts: dt`) and its qrels label (None where unjudged)."""
+    import io
 
-    codes = sorted({*study.answer_languages(opts), "en"})
-    names = {c: lingua_language(c) for c in codes}
-    lacking = [c for c, n in names.items() if n is None]
-    if lacking:
-        raise ConfigError(f"judge.language_check: lingua cannot detect {lacking}; set "
-                          "judge.language_check: false or drop those languages")
-    detector = LanguageDetector(sorted(set(names.values())))
-    back = {n: c for c, n in names.items()}
-    texts = [(g.get("parsed") or {}).get("answer") for g in gens]
-    found = detector.detect(texts)
-    detected = {(g["setting"], g["lang"], g["model"], g["item_id"]): back.get(n) if n else None
-                for g, n in zip(gens, found)}
-    return detected, {**detector.setting, "codes": codes}
+    from xling.core.sources import _open
+    from xling.jobs.rerank import _collections, _texts, text_documents
+    from xling.jobs.retrieve import first_stage_cells, fusion_cells
 
+    store = RunStore(cfg.run_root)
+    by_dir = {c.dir: c for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]}
+    ts = next(t for t in cfg.retrieve.topics if t.name == spec["topics"])
+    out: dict[str, list[dict]] = {}
+    for cell in retrieval_cells(cfg, spec):
+        dl = cell.key["doc_lang"]
+        hits = read_rows(store, [cell.dir], ["query_id", "doc_id", "rank", "score", "error"],
+                         f"study {cfg.study.task}")
+        top = [h for h in hits if h["error"] is None and h["rank"] <= spec["k"]]
+        text_lang = dl if spec["texts"] == "og" else spec["qlang"]
+        leaf = by_dir[cell.inputs[0]] if "fusion" in cell.params else cell
+        docs = [text_documents(cfg, col, dl, text_lang) for col in _collections(cfg, leaf)]
+        texts = _texts(docs, {h["doc_id"] for h in top}, cfg)
+        qrels = {}
+        if ts.qrels:  # {lang} is the query language, as the evaluate stage reads it
+            from xling.tasks.topics import iter_qrels
 
-def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) -> dict:
-    """Score the study's generations the paper's way: items, metrics and the paper's tables.
-    Returns the manifest's fields (jobs/evaluate.py writes the manifest)."""
-    import json
-    from collections import Counter
-
-    from xling.core.status import ITEMS, PLOTS, TABLE
-
-    study, opts = study_of(cfg), cell.params["options"]
-    gens = read_rows(store, cell.params["generations"],
-                     ["item_id", "study", "setting", "lang", "model", "parsed", "output", "error",
-                      *study.score_columns], "evaluate")
-    evidence, check = Evidence(), None
-    if cell.params["judgments"]:
-        evidence.judgments = read_rows(
-            store, cell.params["judgments"],
-            ["item_id", "setting", "lang", "model", "judge", "verdict", "error"], "evaluate")
-        evidence.labels = cell.params["labels"]
-        if cell.params["language_check"]:
-            evidence.detected, check = detect_languages(study, opts, gens)
-    if cell.params.get("features"):
-        scored = read_rows(store, cell.params["features"],
-                           ["item_id", "lang", "model", "scorer", "kind", "scores", "output",
-                            "error"], "evaluate")
-        for r in scored:
-            r["scores"] = json.loads(r["scores"]) if r["scores"] else None
-        evidence.features = scored
-    items, metrics = study.score(opts, gens, evidence)
-    table = pa.Table.from_pylist(metrics, schema=STUDY_METRICS)
-    store.write_parquet(f"{cell.dir}/part-00000.parquet", table)
-    # only the metrics rows are part-*.parquet: the rest starts with `_` (jobs/evaluate.py)
-    store.write_parquet(f"{cell.dir}/{ITEMS}", pa.Table.from_pylist(items))
-    rendered = study.render(opts, items, metrics)
-    store.write_bytes(f"{cell.dir}/{TABLE}", rendered.markdown.encode())
-    for name, data in rendered.plots.items():
-        store.write_bytes(f"{cell.dir}/{PLOTS}/{name}", data)
-    errors = sum(1 for i in items if i.get("error"))
-    log(f"[evaluate] {cell.id}: {len(gens)} generations, {errors} unusable items -> "
-        f"{store.url(cell.dir)}\n{rendered.markdown}")
-    return {"rows": table.num_rows, "errors": 0, "files": ["part-00000.parquet"],
-            "items": {"rows": len(items), "errors": errors, "file": ITEMS,
-                      # prompts the engine cut to fit max_model_len (XRAG items carry it)
-                      **({"truncated": sum(1 for i in items if i.get("truncated"))}
-                         if any("truncated" in i for i in items) else {}),
-                      # how each item ended (XRAG: judged, failed, unjudged, unparsed...;
-                      # BordIRLines: scored, unparsed, failed, invalid), so that no item
-                      # leaves a denominator unseen
-                      **({"outcomes": dict(sorted(Counter(
-                          str(i["outcome"]) for i in items if i.get("outcome")).items()))}
-                         if any(i.get("outcome") for i in items) else {})},
-            "generations": len(gens), "language_check": check, "table": TABLE,
-            "plots": sorted(f"{PLOTS}/{n}" for n in rendered.plots)}
+            with _open(ts.qrels.replace("{doc_lang}", dl).replace("{lang}", spec["qlang"])) as f:
+                qrels = {(r["query_id"], r["doc_id"]): r["relevance"]
+                         for r in iter_qrels(io.BytesIO(f.read()))}
+        for h in top:
+            if h["doc_id"] in texts:
+                out.setdefault(h["query_id"], []).append({
+                    "docid": h["doc_id"], "doc_lang": dl, "title": None,
+                    "text": texts[h["doc_id"]], "rank": h["rank"], "score": h["score"],
+                    "judgment": qrels.get((h["query_id"], h["doc_id"]))})
+    return {q: sorted(ds, key=lambda d: (d["rank"], -d["score"]))[:spec["k"]]
+            for q, ds in out.items()}

@@ -108,6 +108,9 @@ class StudyInputs:
     translation_flags: dict[str, str] | None = None
     # (context id, query language) -> the narrow stage's selection row (its `order`...)
     selections: dict[tuple[str, str], dict] | None = None
+    # a `Retrieving` study's documents: query id -> [{docid, doc_lang, title, text,
+    # judgment}], the run's top k, merged over the document languages by rank
+    retrieved: dict[str, list[dict]] | None = None
 
 
 @dataclass
@@ -273,6 +276,37 @@ class Ranked(Study):
         """The paper's tables (markdown) from the evaluate stage's `irmetrics.RunTable`s,
         the expected file (`evaluate.expected`, with its `paper:` section) and the config's
         sections as a dict."""
+
+
+class Retrieving(Generative):
+    """The prompts read the top documents of one of the config's retrieve runs (or
+    fusions): jobs/study.py reads its hits, texts and qrels into `StudyInputs.retrieved`."""
+
+    @abstractmethod
+    def retrieval(self, opts: Opts) -> dict:
+        """{run, topics, qlang, doc_langs, k, texts ("og" | "dt")}."""
+
+
+class Cited(Generative):
+    """Answers grounded in documents: the nuggets stage (jobs/nuggets.py) creates each
+    topic's nuggets from its judged documents, then judges every answer's nuggets and
+    citations, as TREC RAG and RAGTIME do."""
+
+    @abstractmethod
+    def nugget_options(self, opts: Opts) -> dict:
+        """The part of the options the topics and documents depend on (the nugget cells'
+        hash: a system added to the study must not change it)."""
+
+    @abstractmethod
+    def nugget_topics(self, opts: Opts, lang: str, inputs: StudyInputs | None = None) -> Rows:
+        """The language's topics: `topic_id`, `query`, `documents` ([{docid, title, text,
+        judgment}], the documents the answers were given, in the given order; `judgment`
+        the human relevance label, None where there is none), `error`."""
+
+    @abstractmethod
+    def cited_answer(self, opts: Opts, generation: Mapping) -> list[dict]:
+        """A generation's answer as sentences, `[{text, citations: [docid...]}]` (the text
+        without citation marks); [] for no answer."""
 
 
 def judge_scope(study: Study) -> str:

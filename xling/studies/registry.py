@@ -19,6 +19,7 @@ STUDIES: dict[str, str] = {
     "mirage": "xling.studies.mirage.study:MIRAGE",
     "cross": "xling.studies.cross.study:CROSS",
     "llmclir": "xling.studies.llmclir.study:LLMCLIR",
+    "ragtime": "xling.studies.ragtime.study:RAGTIME",
 }
 NAMES = tuple(STUDIES)
 # corpus formats a study reads (`format:` of a corpus or translate.documents entry) -> study

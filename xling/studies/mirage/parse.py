@@ -5,7 +5,7 @@ the output parsers the generate and judge stages register."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from xling.studies.mirage.options import Knobs
@@ -184,3 +184,13 @@ def parse_pair_verdict(text: str, compat: str = "fixed") -> tuple[dict | None, s
 def parse_pair_verdict_reference(text: str) -> tuple[dict | None, str | None]:
     """`parse_pair_verdict` with the reference rule (``pairwise_parse: reference``)."""
     return parse_pair_verdict(text, "reference")
+
+
+
+def cited_sentences(gen: Mapping, lang: str) -> list[dict]:
+    """The answer part of a generation (the parser's ``answer``, else the whole output) as
+    sentences with the ids each cites (tasks/ragruns.cited_sentences), for the nuggets
+    stage."""
+    from xling.tasks.ragruns import cited_sentences as split
+
+    return split(((gen.get("parsed") or {}).get("answer") or gen.get("output") or ""), lang)

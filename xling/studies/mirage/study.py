@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xling.studies.base import (Evidence, Featured, PairJudged, PromptSet, Rendered, Rows,
-                                StudyInputs, Opts)
+from xling.studies.base import (Cited, Evidence, Featured, PairJudged, PromptSet, Rendered,
+                                Rows, StudyInputs, Opts)
 from xling.studies.mirage import data, features, pairs, parse, plots, tables
 from xling.studies.mirage.metrics import score as score_languages
 from xling.studies.mirage.constants import LANGS, SCORERS, SETTING, STUDY
@@ -15,7 +15,7 @@ from xling.studies.mirage.options import Options, check_names, is_published
 from xling.studies.mirage.prompts import PROMPT_FILE, rebuild_prompt
 
 
-class MIRAGE(PairJudged, Featured):
+class MIRAGE(PairJudged, Featured, Cited):
     """MIRAGE-Bench (Thakur et al., NAACL 2025): a multilingual RAG arena whose leaderboard a
     surrogate judge learns from heuristic features."""
 
@@ -130,6 +130,22 @@ class MIRAGE(PairJudged, Featured):
     def llm_input_kinds(self, opts: Opts) -> dict[str, str]:
         # features.feature_inputs: feature 10 asks for a score, feature 11 for a rating
         return {"overlap": "score", "fluency": "rating"}
+
+    # -- nuggets and citations (Cited) ----------------------------------------------
+
+    def nugget_options(self, opts: Opts) -> dict:
+        return {k: opts.get(k) for k in ("data", "split", "limit")}
+
+    def nugget_topics(self, opts: Opts, lang: str, inputs=None) -> Rows:
+        """Each query's passages as the prompt gave them, with the dataset's labels
+        (positive_ids 1, negative_ids 0) as judgments."""
+        return [{"topic_id": item["query_id"], "query": item["query"], "error": item["error"],
+                 "documents": [{"docid": d, "title": None, "text": t,
+                                "judgment": item["qrels"].get(d)} for d, t in item["passages"]]}
+                for item in data.items_of(opts, lang)]
+
+    def cited_answer(self, opts: Opts, generation) -> list[dict]:
+        return parse.cited_sentences(generation, generation["lang"])
 
     # -- scoring and rendering -------------------------------------------------------
 

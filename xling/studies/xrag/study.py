@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from xling.studies.base import (Evidence, Judged, Opts, PromptSet, Rendered, Rows,
+from xling.studies.base import (Cited, Evidence, Judged, Opts, PromptSet, Rendered, Rows,
                                 StudyInputs, Translated)
 
 from . import prompts, settings
@@ -19,7 +19,7 @@ from .options import Options
 from .tables import tables
 
 
-class XRAG(Translated, Judged):
+class XRAG(Translated, Judged, Cited):
     """XRAG: cross-lingual retrieval-augmented generation over news."""
 
     name = "xrag"
@@ -56,6 +56,39 @@ class XRAG(Translated, Judged):
                       inputs: StudyInputs) -> Rows:
         return prompts.build_prompts(opts, setting, lang, translations=inputs.translations,
                                      flags=inputs.translation_flags)
+
+    # -- nuggets (Cited): XRAG's answers cite nothing, so only nugget recall applies --------
+
+    def nugget_options(self, opts: Opts) -> dict:
+        return {"data": opts["data"], "limit": opts.get("limit"),
+                "subsets": sorted({settings.spec_of(s).subset for s in opts["settings"]})}
+
+    def nugget_topics(self, opts: Opts, lang: str, inputs=None) -> Rows:
+        """The instances the settings ask (the first `limit` of each subset used), their
+        articles in stored order, `is_support` as the label (1 supporting, 0 not)."""
+        from .data import items_for
+
+        subsets = self.nugget_options(opts)["subsets"]
+        taken: dict[str, int] = {}
+        out = []
+        for item in items_for(opts["data"], lang):
+            if item["error"] or item["subset"] not in subsets:
+                continue
+            taken[item["subset"]] = taken.get(item["subset"], 0) + 1
+            if opts.get("limit") is not None and taken[item["subset"]] > opts["limit"]:
+                continue
+            out.append({"topic_id": item["id"], "query": item["question"], "error": None,
+                        "documents": [{"docid": a["doc_id"], "title": a["title"],
+                                       "text": a["text"], "judgment": int(a["supporting"])}
+                                      for a in item["articles"]]})
+        return out
+
+    def cited_answer(self, opts: Opts, generation) -> list[dict]:
+        from xling.tasks.text import sentences
+
+        answer = ((generation.get("parsed") or {}).get("answer") or "").strip()
+        return [{"text": s.strip(), "citations": []}
+                for s in (sentences(answer, generation["lang"]) if answer else []) if s.strip()]
 
     def check_config(self, opts: Opts, cfg) -> None:
         """`flagged_translations: use` needs the flagged articles translated: their translate

@@ -1,0 +1,1 @@
+"""RAGTIME-shaped cited reports over xling's own retrieval (study.py)."""
