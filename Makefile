@@ -102,7 +102,7 @@ test-fast: bytecode
 
 test: bytecode
 	$(BIN)/xling models tiny
-	$(PYTEST) $(DIST) --durations=25 tests
+	$(PYTEST) $(DIST) --durations=40 tests
 
 # Re-resolve the CPU lock (needs the registries). Keeps the CUDA-only extras out; the +cpu
 # torch comes from the local wheels or, failing them, the PyTorch CPU index.
