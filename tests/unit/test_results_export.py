@@ -121,7 +121,7 @@ def test_expected_file_gives_ok_fail_in_the_table_and_manifest(tmp_path):
 
 
 def test_study_cell_reads_as_its_metrics_rows(tmp_path, monkeypatch):
-    from xling.jobs import study as S
+    from xling.jobs import evaluate as S
 
     store = RunStore(str(tmp_path / "run"))
     gen = "generate/g.abc"
