@@ -18,7 +18,7 @@ from xling.studies import base
 from xling.studies.registry import NAMES, STUDIES, find_parser, get_study
 
 CAPABILITIES = (base.Generative, base.Translated, base.Narrowed, base.Judged, base.PairJudged,
-                base.Featured, base.Ranked)
+                base.Featured, base.Ranked, base.Cited)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -253,7 +253,8 @@ class AssignStage(NuggetStage):
                                                    ["item_id", "nuggets", "error"],
                                                    f"nuggets cell {cell.id}")}
         gens = read_rows(store, [cell.params["generation"]],
-                         ["item_id", "lang", "model", "parsed", "output", "error"],
+                         ["item_id", "setting", "lang", "model", "parsed", "output",
+                          "error"],
                          f"nuggets cell {cell.id}")
         rows = []
         for g in gens:

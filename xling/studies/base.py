@@ -306,7 +306,8 @@ class Cited(Generative):
     @abstractmethod
     def cited_answer(self, opts: Opts, generation: Mapping) -> list[dict]:
         """A generation's answer as sentences, `[{text, citations: [docid...]}]` (the text
-        without citation marks); [] for no answer."""
+        without citation marks); [] for no answer. `generation`: a generate row (`item_id`,
+        `setting`, `lang`, `model`, `parsed`, `output`, `error`)."""
 
 
 def judge_scope(study: Study) -> str:

@@ -154,20 +154,28 @@ def build_prompts(opts: Mapping, setting: str, lang: str, *, translations=None) 
         if mode == "no_ir":
             row["prompt"] = render_direct(text, options_lines(options), None)
             continue
-        hits, error = shown_hits(opts, mode, query)
-        if error:
-            row["error"] = error
-            continue
-        if docs is None:
-            row["error"] = "no passages file (study.options.docs)"
-            continue
-        missing = [h["doc_id"] for h in hits
-                   if h["doc_id"] not in docs and h["doc_id"] not in doc_translations]
-        if missing:
-            row["error"] = f"passage(s) {missing} not in {opts['docs']}"
-            continue
-        texts = [truncate_words(doc_translations.get(h["doc_id"]) or docs[h["doc_id"]][1],
-                                opts.get("max_doc_words")) for h in hits]
-        render = render_direct if prompt == "direct" else render_citation
-        row["prompt"] = render(text, options_lines(options), texts)
+        passages, row["error"] = shown_passages(opts, mode, query, docs, doc_translations)
+        if passages is not None:
+            render = render_direct if prompt == "direct" else render_citation
+            row["prompt"] = render(text, options_lines(options), [p["text"] for p in passages])
     return rows
+
+
+def shown_passages(opts: Mapping, mode: str, query: dict, docs: Mapping | None,
+                   doc_translations: Mapping | None = None) -> tuple[list[dict] | None, str | None]:
+    """The passages a query's prompt shows in ``mode`` (not no_ir), in prompt order (the
+    prompt's document id is the list index): ``[{doc_id, doc_lang, text}]`` (text as shown:
+    translated, cut to ``max_doc_words``), or an error. ``docs``: :func:`load_docs`."""
+    hits, error = shown_hits(opts, mode, query)
+    if error:
+        return None, error
+    if docs is None:
+        return None, "no passages file (study.options.docs)"
+    doc_translations = doc_translations or {}
+    missing = [h["doc_id"] for h in hits
+               if h["doc_id"] not in docs and h["doc_id"] not in doc_translations]
+    if missing:
+        return None, f"passage(s) {missing} not in {opts['docs']}"
+    return [{"doc_id": h["doc_id"], "doc_lang": h["doc_lang"],
+             "text": truncate_words(doc_translations.get(h["doc_id"]) or docs[h["doc_id"]][1],
+                                    opts.get("max_doc_words"))} for h in hits], None

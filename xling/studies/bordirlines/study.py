@@ -3,15 +3,16 @@ parsers, scoring and the report, each delegated to its module (README.md: design
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from xling.studies.base import Evidence, Generative, Opts, PromptSet, Rendered, Rows, StudyInputs
-from xling.studies.bordirlines import data, parse
+from xling.studies.base import Cited, Evidence, Opts, PromptSet, Rendered, Rows, StudyInputs
+from xling.studies.bordirlines import cited, data, parse
 from xling.studies.bordirlines.options import STUDY, Options, settings
 
 
-class BordIRLines(Generative):
+class BordIRLines(Cited):
     """Which country owns a disputed territory, asked in each claimant's language and in
     English, with the hub's retrieved Wikipedia passages (no judge: the answers are
     multiple-choice; no translate stage: the passages are read in their languages)."""
@@ -41,6 +42,17 @@ class BordIRLines(Generative):
         from xling.studies.bordirlines.prompts import build_prompts
 
         return build_prompts(opts, setting, lang, translations=inputs.translations)
+
+    # -- nuggets and citation support (Cited; cited.py) --------------------------------
+
+    def nugget_options(self, opts: Opts) -> dict:
+        return cited.nugget_options(opts)
+
+    def nugget_topics(self, opts: Opts, lang: str, inputs: StudyInputs | None = None) -> Rows:
+        return cited.nugget_topics(opts, lang)
+
+    def cited_answer(self, opts: Opts, generation: Mapping) -> list[dict]:
+        return cited.cited_answer(opts, generation)
 
     def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
         """Items and metrics (``evidence`` is not read: no judge, no features)."""
