@@ -16,6 +16,17 @@ steady state  what a long job runs at once pipelines, pools and models are up. F
               For the bare engine: records / engine time, load excluded.
 whole run     records / wall time, start-up included (and broken out).
 
+CPU           beside the rates, CPU seconds per 1,000 records (`CPUMeter`, `print_cpu`):
+              xling's: this process and every process under it during the run (Ray's GCS,
+              raylet, workers and actors; processes that ended are counted through their
+              parent's children times); the engine's: what the actors spent inside their
+              engine calls (xling/core/enginecpu.py; workers inherit the folder named by
+              $XLING_ENGINE_CPU_DIR, which `start_ray` sets); bare's: the same process-tree
+              count around the bare side. overhead = (xling - engine) / bare: the CPU xling
+              spends outside the engine, in units of the bare engine's own. Per-process and
+              per-record CPU do not depend on how many cores share the work, nor on the
+              other load of a shared machine (the machine's own count is printed beside it).
+
 Ray: each benchmark starts a fresh local node as xling starts one (`start_ray`), or joins
 the node this process is already connected to, or the one $RAY_ADDRESS names (the smoke
 tests, tests/integration/test_benchmarks.py, run every benchmark on their test node).
@@ -47,15 +58,23 @@ def start_ray(num_cpus: int | None):
     ends it here: `ray.shutdown`, or nothing to do where this process was connected before."""
     import logging
 
+    import tempfile
+
     import ray
     import ray.data
 
+    from xling.core.enginecpu import ENV
     from xling.core.runtime import start_local_ray
 
+    # Where the workers record their engine CPU (inherited from this process's environment
+    # by a node started here; a job's runtime environment on a cluster joined).
+    if not ray.is_initialized():
+        os.environ.setdefault(ENV, tempfile.mkdtemp(prefix="xling-engine-cpu-"))
     if ray.is_initialized():
         stop = lambda: None  # noqa: E731 - the caller's Ray, not ours to end
     elif os.environ.get("RAY_ADDRESS"):
-        ray.init(logging_level=logging.WARNING)
+        ray.init(logging_level=logging.WARNING,
+                 runtime_env={"env_vars": {ENV: os.environ[ENV]}})
         stop = ray.shutdown
     else:
         start_local_ray(num_cpus, logging_level=logging.WARNING)
@@ -84,9 +103,6 @@ def print_ratios(unit: str, bare_steady: float, bare_whole: float, x: dict,
     print(f"{'steady ' + unit:22s} {bare_steady:12.1f} {x['steady']:12.1f} "
           f"{x['steady'] / bare_steady if bare_steady else 0:7.2f}")
     print(f"{'start-up s':22s} {bare_startup:12.1f} {x['startup']:12.1f}")
-    if "cpu" in x:  # from run_xling: is the machine busy, and with what
-        print(f"{'CPU-s during xling':22s} machine {x['cpu']['machine']:.1f}, "
-              f"driver {x['cpu']['driver']:.1f}")
 
 
 def print_without_startup(xling_whole: float, bare_rate: float,
@@ -112,3 +128,58 @@ def cpu_seconds() -> dict:
     except (OSError, ValueError):
         out["machine"] = float("nan")
     return out
+
+
+def _tree_cpu() -> float:
+    """CPU seconds (user + system) of this process and all its descendants, each with its
+    reaped children's (so a worker that ended is counted through its parent)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:  # ended between the listing and the read: its parent has it
+            pass
+    return total
+
+
+class CPUMeter:
+    """CPU seconds from here to `stop()`: of this process tree (`tree`), of the engine calls
+    the workers recorded (`engine`; None where no worker records, e.g. a Ray node started
+    without $XLING_ENGINE_CPU_DIR), and of the whole machine (`machine`, for the load)."""
+
+    def __init__(self):
+        from xling.core.enginecpu import ENV, read_totals
+
+        self._folder = os.environ.get(ENV)
+        self._engine = read_totals(self._folder, (os.getpid(),)) if self._folder else {}
+        self._machine, self._tree = cpu_seconds()["machine"], _tree_cpu()
+        self._load = os.getloadavg()[0]
+
+    def stop(self) -> dict:
+        from xling.core.enginecpu import read_totals
+
+        engine = read_totals(self._folder, (os.getpid(),)) if self._folder else {}
+        used = sum(v - self._engine.get(pid, 0.0) for pid, v in engine.items())
+        return {"tree": _tree_cpu() - self._tree, "engine": used if engine else None,
+                "machine": cpu_seconds()["machine"] - self._machine,
+                "load": (self._load + os.getloadavg()[0]) / 2}
+
+
+def print_cpu(records: int, xling: dict, bare: dict | None, bare_records: int | None = None,
+              engine_label: str = "") -> dict:
+    """The CPU lines beside the ratios: xling's, the engine's and bare's CPU seconds per
+    1,000 records, and overhead = (xling - engine) / bare. Returns those figures."""
+    k = max(records, 1) / 1000
+    x, e = xling["tree"] / k, (xling["engine"] / k if xling["engine"] is not None else None)
+    b = bare["tree"] / (max(bare_records or records, 1) / 1000) if bare else None
+    over = (x - e) / b if e is not None and b else None
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"{'CPU-s per 1k records':22s} xling {fmt(x)}, engine {fmt(e)}{engine_label}, "
+          f"bare {fmt(b)}, overhead {fmt(over)}")
+    print(f"{'':22s} (machine CPU-s during xling {xling['machine']:.1f}, load avg "
+          f"{xling['load']:.1f}; xling's process tree {xling['tree']:.1f})")
+    return {"xling": x, "engine": e, "bare": b, "overhead": over}

@@ -16,6 +16,8 @@ import os
 
 import pyarrow as pa
 
+from xling.core.enginecpu import engine_cpu
+
 
 class DocumentStats:
     def __init__(self, tokenizer_path: str):
@@ -54,14 +56,16 @@ class DocumentStats:
         errors = batch["error"].to_pylist()
         n_chars, n_segments, n_tokens = [], [], []
         ok = [i for i, e in enumerate(errors) if e is None]
-        counts = self.count_tokens([texts[i] for i in ok]) if ok else []
+        with engine_cpu():
+            counts = self.count_tokens([texts[i] for i in ok]) if ok else []
         by_row = dict(zip(ok, counts))
         for i, (text, lang) in enumerate(zip(texts, langs)):
             if i not in by_row:
                 n_chars.append(None), n_segments.append(None), n_tokens.append(None)
                 continue
             try:
-                n_segments.append(len(self.segments(text, lang)))
+                with engine_cpu():
+                    n_segments.append(len(self.segments(text, lang)))
             except Exception as e:  # a segmenter failure is this record's error, not the job's
                 errors[i] = f"segmentation failed: {type(e).__name__}: {e}"
                 n_segments.append(None)

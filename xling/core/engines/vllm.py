@@ -34,6 +34,7 @@ from xling.actors.llm import (
     request_seed,
 )
 from xling.core.config import ConfigError, NoHash
+from xling.core.enginecpu import engine_cpu
 from xling.core.engines.base import EngineSpec
 from xling.core.models import resolve_model
 
@@ -115,7 +116,8 @@ class _Driver:
             if not busy:
                 self.stepped = time.monotonic()  # idle until now: no step was owed
             try:
-                outputs = self.engine.step()
+                with engine_cpu():
+                    outputs = self.engine.step()
             except BaseException as e:
                 self.stop(e)
                 continue
