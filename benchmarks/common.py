@@ -20,7 +20,7 @@ CPU           beside the rates, CPU seconds per 1,000 records (`CPUMeter`, `prin
               xling's: this process and every process under it during the run (Ray's GCS,
               raylet, workers and actors; processes that ended are counted through their
               parent's children times); the engine's: what the actors spent inside their
-              engine calls (xling/core/enginecpu.py; workers inherit the folder named by
+              engine calls (xling/actors/enginecpu.py; workers inherit the folder named by
               $XLING_ENGINE_CPU_DIR, which `start_ray` sets); bare's: the same process-tree
               count around the bare side. overhead = (xling - engine) / bare: the CPU xling
               spends outside the engine, in units of the bare engine's own. Per-process and
@@ -63,7 +63,7 @@ def start_ray(num_cpus: int | None):
     import ray
     import ray.data
 
-    from xling.core.enginecpu import ENV
+    from xling.actors.enginecpu import ENV
     from xling.core.runtime import start_local_ray
 
     # Where the workers record their engine CPU (inherited from this process's environment
@@ -152,7 +152,7 @@ class CPUMeter:
     without $XLING_ENGINE_CPU_DIR), and of the whole machine (`machine`, for the load)."""
 
     def __init__(self):
-        from xling.core.enginecpu import ENV, read_totals
+        from xling.actors.enginecpu import ENV, read_totals
 
         self._folder = os.environ.get(ENV)
         self._engine = read_totals(self._folder, (os.getpid(),)) if self._folder else {}
@@ -160,7 +160,7 @@ class CPUMeter:
         self._load = os.getloadavg()[0]
 
     def stop(self) -> dict:
-        from xling.core.enginecpu import read_totals
+        from xling.actors.enginecpu import read_totals
 
         engine = read_totals(self._folder, (os.getpid(),)) if self._folder else {}
         used = sum(v - self._engine.get(pid, 0.0) for pid, v in engine.items())

@@ -110,7 +110,7 @@ def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
                                  "parallel": {"concurrency": [1, 1], "batch_size": args.batch_size,
                                               "num_gpus": args.num_gpus}}]}}))
     # The CLI's Ray workers record their engine CPU under this folder (benchmarks/common.py).
-    from xling.core.enginecpu import ENV
+    from xling.actors.enginecpu import ENV
 
     os.environ[ENV] = os.environ.get(ENV) or tempfile.mkdtemp(prefix="xling-engine-cpu-")
     t0, cpu = time.perf_counter(), CPUMeter()

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from xling.actors.embedder import Embedder, MultiVector, make_embedder, vector_matrix
-from xling.core.enginecpu import engine_cpu
+from xling.actors.enginecpu import engine_cpu
 
 
 class DenseRetriever:

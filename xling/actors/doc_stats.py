@@ -16,7 +16,7 @@ import os
 
 import pyarrow as pa
 
-from xling.core.enginecpu import engine_cpu
+from xling.actors.enginecpu import engine_cpu
 
 
 class DocumentStats:

@@ -33,7 +33,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
-from xling.core.enginecpu import engine_cpu
+from xling.actors.enginecpu import engine_cpu
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from typing import Iterable
 import numpy as np
 import pyarrow as pa
 
-from xling.core.enginecpu import engine_cpu
+from xling.actors.enginecpu import engine_cpu
 
 # Anserini analyzes these with a WhitespaceAnalyzer (CIRAL and Mr.TyDi conventions).
 WHITESPACE = frozenset({"ha", "so", "sw", "yo"})

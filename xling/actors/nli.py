@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from xling.actors.embedder import _put
-from xling.core.enginecpu import engine_cpu
+from xling.actors.enginecpu import engine_cpu
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ import time
 
 import pyarrow as pa
 
+from xling.actors.enginecpu import engine_cpu
 from xling.actors.llm import HANG_TIMEOUT_S
-from xling.core.enginecpu import engine_cpu
 from xling.actors.segments import (
     Piece,
     decode_limit,
