@@ -69,3 +69,36 @@ def test_engine_cpu_counts_overlapping_calls_once(tmp_path, monkeypatch):
     [recorded] = enginecpu.read_totals(str(tmp_path)).values()
     # Three threads in the engine at once: the process's CPU while any was in, not 3x.
     assert 0.1 <= recorded <= used + 1e-3
+
+
+def test_json_lines_ranges_hold_each_line_once(tmp_path, monkeypatch):
+    """An uncompressed JSON-lines file read in byte ranges (core/sources.py, a task each)
+    gives the rows of the whole-file read, in order; a bad line's error names its range."""
+    import io
+    import json
+
+    from xling.core import sources
+
+    lines = [json.dumps({"docid": f"d{i}", "title": "", "text": "wörd " * (i % 17 + 1)},
+                        ensure_ascii=False) for i in range(300)]
+    lines[150] = '{"docid": "bad", "text": "\xff"}'
+    path = tmp_path / "c.jsonl"
+    path.write_bytes("\n".join(lines).encode().replace("\xff".encode(), b"\xff") + b"\n")
+    spec = {"name": "c", "format": "mrtydi", "encoding": "auto", "id_field": "docid",
+            "title_field": "title", "text_field": "text"}
+
+    def rows(items):
+        return pa.concat_tables(sources._read_document_files(
+            pa.Table.from_pylist(items), spec=spec, lang="en"))
+
+    whole = rows([{"path": str(path), "range": None}])
+    monkeypatch.setattr(sources, "RANGE_BYTES", 1000)
+    items = sources._read_items([str(path)], ranges=True)
+    assert len(items) > 5
+    ranged = rows(items)
+    assert ranged["doc_id"].to_pylist() == whole["doc_id"].to_pylist()
+    assert ranged["text"].to_pylist() == whole["text"].to_pylist()
+    [error] = [e for e in ranged["error"].to_pylist() if e]
+    assert "after byte" in error
+    # a range that starts inside the file's last line holds nothing
+    assert sources._LineRange(io.BytesIO(b"ab\ncdef"), 5, 7).read() == b""
