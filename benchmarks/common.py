@@ -17,9 +17,9 @@ steady state  what a long job runs at once pipelines, pools and models are up. F
 whole run     records / wall time, start-up included (and broken out).
 
 CPU           beside the rates, CPU seconds per 1,000 records (`CPUMeter`, `print_cpu`):
-              xling's: this process and every process under it during the run (Ray's GCS,
-              raylet, workers and actors; processes that ended are counted through their
-              parent's children times); the engine's: what the actors spent inside their
+              xling's: every process of the run, sampled (this one and its descendants, Ray's
+              GCS, raylets, workers and actors, which Ray starts outside this tree); the
+              engine's: what the actors spent inside their
               engine calls (xling/actors/enginecpu.py; workers inherit the folder named by
               $XLING_ENGINE_CPU_DIR, which `start_ray` sets); bare's: the same process-tree
               count around the bare side. overhead = (xling - engine) / bare: the CPU xling
@@ -130,41 +130,97 @@ def cpu_seconds() -> dict:
     return out
 
 
-def _tree_cpu() -> float:
-    """CPU seconds (user + system) of this process and all its descendants, each with its
-    reaped children's (so a worker that ended is counted through its parent)."""
-    import psutil
+def _ray_session() -> str | None:
+    """The session folder of the Ray node this process is connected to: every process of
+    that node (GCS, raylet, workers) names it on its command line."""
+    try:
+        import ray
 
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:  # ended between the listing and the read: its parent has it
-            pass
-    return total
+        if ray.is_initialized():
+            return ray._private.worker.global_worker.node.get_session_dir_path()
+    except Exception:  # noqa: BLE001 - no node to follow: this process's tree only
+        pass
+    return None
 
 
 class CPUMeter:
-    """CPU seconds from here to `stop()`: of this process tree (`tree`), of the engine calls
-    the workers recorded (`engine`; None where no worker records, e.g. a Ray node started
-    without $XLING_ENGINE_CPU_DIR), and of the whole machine (`machine`, for the load)."""
+    """CPU seconds from here to `stop()` of the processes a run uses (`tree`): this one, its
+    descendants, and every process whose command line names a marker (the Ray session this
+    process is connected to, and `markers`, e.g. a subprocess's $RAY_TMPDIR) with their
+    descendants. Ray starts its GCS and raylets as daemons, outside this process's tree,
+    and workers end while a stage runs, so they are sampled every `every` seconds (user +
+    system of each process, its children's left out, so a reaped worker counts once; what a
+    process uses after its last sample is lost, well under a second each). The sampler's
+    own CPU is taken off. Also the engine calls the workers recorded (`engine`; None where
+    no worker records, e.g. a Ray node started without $XLING_ENGINE_CPU_DIR), and the
+    whole machine's CPU and load average (`machine`, `load`), for a shared machine."""
 
-    def __init__(self):
+    def __init__(self, markers: tuple[str, ...] = (), every: float = 0.5, ray: bool = True):
+        """`ray=False`: not the connected Ray node's processes (a bare side run beside it)."""
+        import threading
+
         from xling.actors.enginecpu import ENV, read_totals
 
+        self._markers = tuple(m for m in (_ray_session() if ray else None, *markers) if m)
         self._folder = os.environ.get(ENV)
         self._engine = read_totals(self._folder, (os.getpid(),)) if self._folder else {}
-        self._machine, self._tree = cpu_seconds()["machine"], _tree_cpu()
-        self._load = os.getloadavg()[0]
+        self._machine, self._load = cpu_seconds()["machine"], os.getloadavg()[0]
+        self._first: dict = {}  # (pid, start time) -> CPU at the first sample
+        self._last: dict = {}  # (pid, start time) -> CPU at the last sample
+        self._sampler_cpu = 0.0
+        self._sample(first=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _processes(self):
+        import psutil
+
+        roots = [psutil.Process()]
+        if self._markers:
+            for p in psutil.process_iter(["cmdline"]):
+                line = " ".join(p.info["cmdline"] or ())
+                if any(m in line for m in self._markers):
+                    roots.append(p)
+        seen = {}
+        for root in roots:
+            try:
+                for p in [root, *root.children(recursive=True)]:
+                    seen[p.pid] = p
+            except psutil.Error:
+                pass
+        return seen.values()
+
+    def _sample(self, first: bool = False) -> None:
+        import psutil
+
+        for p in self._processes():
+            try:
+                key, t = (p.pid, p.create_time()), p.cpu_times()
+            except psutil.Error:
+                continue
+            self._last[key] = t.user + t.system
+            if first:
+                self._first[key] = self._last[key]
+
+    def _run(self, every: float) -> None:
+        import time as _time
+
+        while not self._stop.wait(every):
+            t = _time.thread_time()
+            self._sample()
+            self._sampler_cpu += _time.thread_time() - t
 
     def stop(self) -> dict:
         from xling.actors.enginecpu import read_totals
 
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        tree = sum(v - self._first.get(k, 0.0) for k, v in self._last.items())
         engine = read_totals(self._folder, (os.getpid(),)) if self._folder else {}
         used = sum(v - self._engine.get(pid, 0.0) for pid, v in engine.items())
-        return {"tree": _tree_cpu() - self._tree, "engine": used if engine else None,
+        return {"tree": tree - self._sampler_cpu, "engine": used if engine else None,
                 "machine": cpu_seconds()["machine"] - self._machine,
                 "load": (self._load + os.getloadavg()[0]) / 2}
 
@@ -180,6 +236,6 @@ def print_cpu(records: int, xling: dict, bare: dict | None, bare_records: int | 
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     print(f"{'CPU-s per 1k records':22s} xling {fmt(x)}, engine {fmt(e)}{engine_label}, "
           f"bare {fmt(b)}, overhead {fmt(over)}")
-    print(f"{'':22s} (machine CPU-s during xling {xling['machine']:.1f}, load avg "
-          f"{xling['load']:.1f}; xling's process tree {xling['tree']:.1f})")
+    print(f"{'':22s} (xling's processes {xling['tree']:.1f} CPU-s; the machine's "
+          f"{xling['machine']:.1f} CPU-s during xling, load avg {xling['load']:.1f})")
     return {"xling": x, "engine": e, "bare": b, "overhead": over}

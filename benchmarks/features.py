@@ -63,7 +63,7 @@ def bare_nli(model: str, premises: list[str], hypotheses: list[str], device: str
     labels = [str(clf.config.id2label[i]).lower() for i in range(clf.config.num_labels)]
     load = time.perf_counter() - t
 
-    t, cpu = time.perf_counter(), CPUMeter()
+    t, cpu = time.perf_counter(), CPUMeter(ray=False)
     enc = tok(premises, hypotheses, truncation=True, max_length=max_length)
     order = np.argsort([-len(ids) for ids in enc["input_ids"]], kind="stable")
     probs = np.empty((len(premises), clf.config.num_labels), dtype=np.float32)
@@ -89,7 +89,7 @@ def bare_reranker(model: str, queries: list[str], passages: list[str], device: s
                             max_length=max_length, normalize=False)
     reranker.model.to(device).eval()  # as the actor does, so the load is all in `load`
     load = time.perf_counter() - t
-    t, cpu = time.perf_counter(), CPUMeter()
+    t, cpu = time.perf_counter(), CPUMeter(ray=False)
     scores = reranker.compute_score([[q, p] for q, p in zip(queries, passages)],
                                     batch_size=batch_size, max_length=max_length,
                                     normalize=False)

@@ -113,9 +113,12 @@ def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
     from xling.actors.enginecpu import ENV
 
     os.environ[ENV] = os.environ.get(ENV) or tempfile.mkdtemp(prefix="xling-engine-cpu-")
-    t0, cpu = time.perf_counter(), CPUMeter()
+    # The CLI's own Ray node keeps its files here, which its processes' command lines name.
+    ray_tmp = tempfile.mkdtemp(prefix="xlb-", dir="/tmp")
+    t0, cpu = time.perf_counter(), CPUMeter(markers=(ray_tmp,))
     p = subprocess.run([sys.executable, "-m", "xling.cli", "generate", "--config", str(cfg),
-                        "--no-progress"], cwd=ROOT, capture_output=True, text=True)
+                        "--no-progress"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "RAY_TMPDIR": ray_tmp})
     seconds, used = time.perf_counter() - t0, cpu.stop()
     if p.returncode:
         sys.exit(p.stdout[-3000:] + p.stderr[-3000:])
