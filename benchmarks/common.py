@@ -167,6 +167,7 @@ class CPUMeter:
         self._machine, self._load = cpu_seconds()["machine"], os.getloadavg()[0]
         self._first: dict = {}  # (pid, start time) -> CPU at the first sample
         self._last: dict = {}  # (pid, start time) -> CPU at the last sample
+        self._names: dict = {}  # (pid, start time) -> what it was at its last sample
         self._sampler_cpu = 0.0
         self._sample(first=True)
         self._stop = threading.Event()
@@ -197,6 +198,7 @@ class CPUMeter:
         for p in self._processes():
             try:
                 key, t = (p.pid, p.create_time()), p.cpu_times()
+                self._names[key] = _process_name(p)
             except psutil.Error:
                 continue
             self._last[key] = t.user + t.system
@@ -217,12 +219,34 @@ class CPUMeter:
         self._stop.set()
         self._thread.join()
         self._sample()
-        tree = sum(v - self._first.get(k, 0.0) for k, v in self._last.items())
+        used_by = {k: v - self._first.get(k, 0.0) for k, v in self._last.items()}
+        tree = sum(used_by.values())
+        where: dict[str, float] = {}
+        for k, v in used_by.items():
+            where[self._names[k]] = where.get(self._names[k], 0.0) + v
+        where["driver"] = where.get("driver", 0.0) - self._sampler_cpu
         engine = read_totals(self._folder, (os.getpid(),)) if self._folder else {}
         used = sum(v - self._engine.get(pid, 0.0) for pid, v in engine.items())
         return {"tree": tree - self._sampler_cpu, "engine": used if engine else None,
+                "where": dict(sorted(where.items(), key=lambda kv: -kv[1])),
                 "machine": cpu_seconds()["machine"] - self._machine,
                 "load": (self._load + os.getloadavg()[0]) / 2}
+
+
+def _process_name(p) -> str:
+    """A process by what it does: this one (the driver), a Ray worker by its title (its task
+    or actor at the sample; ray::IDLE between tasks), else its program's name."""
+    import psutil
+
+    if p.pid == os.getpid():
+        return "driver"
+    try:
+        line = p.cmdline()
+    except psutil.Error:
+        return p.name()
+    if line and line[0].startswith("ray::"):
+        return line[0].split(".")[0][:70]
+    return os.path.basename(line[0]) if line else p.name()
 
 
 def print_cpu(records: int, xling: dict, bare: dict | None, bare_records: int | None = None,
@@ -238,4 +262,6 @@ def print_cpu(records: int, xling: dict, bare: dict | None, bare_records: int | 
           f"bare {fmt(b)}, overhead {fmt(over)}")
     print(f"{'':22s} (xling's processes {xling['tree']:.1f} CPU-s; the machine's "
           f"{xling['machine']:.1f} CPU-s during xling, load avg {xling['load']:.1f})")
+    top = list(xling.get("where", {}).items())[:8]
+    print(f"{'':22s} xling's CPU-s by process: " + ", ".join(f"{n} {v:.1f}" for n, v in top))
     return {"xling": x, "engine": e, "bare": b, "overhead": over}
