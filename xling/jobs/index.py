@@ -532,7 +532,7 @@ def _merge_shards(store_uri: str, cell_dir: str, inputs: list[str], n_pieces: in
     rel = f"{cell_dir}/{INDEX_DIR}"
     with _output_dir(store, rel) as out:
         stats = merge_indexes(local, out, optimize=optimize, threads=threads)
-        marker = _commit_dir(store, out, rel, {"pieces": n_pieces, "shards": len(inputs),
+        marker = _commit_dir(store, out, rel, {"pieces": n_pieces, "inputs": len(inputs),
                                                "analyzer": analyzer, **stats,
                                                "built_at": now()})
     # The merged index holds everything; pieces and shards of killed runs were never named
