@@ -244,8 +244,9 @@ def _process_name(p) -> str:
         line = p.cmdline()
     except psutil.Error:
         return p.name()
-    if line and line[0].startswith("ray::"):
-        return line[0].split(".")[0][:70]
+    if line and line[0].startswith("ray::"):  # ray::Class(...).method: the method left out
+        title = line[0]
+        return (title[:title.rfind(").") + 1] if ")." in title else title)[:90]
     return os.path.basename(line[0]) if line else p.name()
 
 
