@@ -52,6 +52,7 @@ def test_tokenize_many_is_tokenize_for_every_prompt(tiny_models):
 def test_engine_cpu_counts_overlapping_calls_once(tmp_path, monkeypatch):
     monkeypatch.setenv(enginecpu.ENV, str(tmp_path))
     monkeypatch.setattr(enginecpu, "_total", 0.0)
+    monkeypatch.setattr(enginecpu, "WRITE_EVERY", 0.0)
 
     def busy(seconds: float) -> None:
         with enginecpu.engine_cpu():

@@ -5,9 +5,10 @@ CPU (benchmarks/common.py).
 Off unless $XLING_ENGINE_CPU_DIR names a folder (the benchmarks set it before Ray starts, so
 every worker inherits it); then each process keeps the CPU time (`time.process_time`: all
 its threads, as the engines run their own) spent while at least one engine call is open,
-and rewrites `<dir>/<pid>` with its total when the outermost call ends. Overlapping calls
-(an async actor's) count once: the union, not the sum. Off, an `engine_cpu()` block costs
-one environment lookup.
+and rewrites `<dir>/<pid>` with its total when the outermost call ends, at most every
+`WRITE_EVERY` seconds (a vLLM step is milliseconds; what is lost at the end is under that).
+Overlapping calls (an async actor's) count once: the union, not the sum. Off, an
+`engine_cpu()` block costs one environment lookup.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import threading
 import time
 
 ENV = "XLING_ENGINE_CPU_DIR"
+WRITE_EVERY = 0.1
 
 _lock = threading.Lock()
 _open = 0
 _since = 0.0
 _total = 0.0
+_written = 0.0
 
 
 @contextlib.contextmanager
@@ -32,7 +35,7 @@ def engine_cpu():
     if not folder:
         yield
         return
-    global _open, _since, _total
+    global _open, _since, _total, _written
     with _lock:
         if _open == 0:
             _since = time.process_time()
@@ -44,7 +47,9 @@ def engine_cpu():
             _open -= 1
             if _open == 0:
                 _total += time.process_time() - _since
-                _save(folder, _total)
+                if time.monotonic() - _written >= WRITE_EVERY:
+                    _save(folder, _total)
+                    _written = time.monotonic()
 
 
 def _save(folder: str, total: float) -> None:
