@@ -16,6 +16,17 @@ steady state  what a long job runs at once pipelines, pools and models are up. F
               For the bare engine: records / engine time, load excluded.
 whole run     records / wall time, start-up included (and broken out).
 
+CPU           beside the rates, CPU seconds per 1,000 records (`CPUMeter`, `print_cpu`):
+              xling's: every process of the run, sampled (this one and its descendants, Ray's
+              GCS, raylets, workers and actors, which Ray starts outside this tree); the
+              engine's: what the actors spent inside their
+              engine calls (xling/actors/enginecpu.py; workers inherit the folder named by
+              $XLING_ENGINE_CPU_DIR, which `start_ray` sets); bare's: the same process-tree
+              count around the bare side. overhead = (xling - engine) / bare: the CPU xling
+              spends outside the engine, in units of the bare engine's own. Per-process and
+              per-record CPU do not depend on how many cores share the work, nor on the
+              other load of a shared machine (the machine's own count is printed beside it).
+
 Ray: each benchmark starts a fresh local node as xling starts one (`start_ray`), or joins
 the node this process is already connected to, or the one $RAY_ADDRESS names (the smoke
 tests, tests/integration/test_benchmarks.py, run every benchmark on their test node).
@@ -47,15 +58,23 @@ def start_ray(num_cpus: int | None):
     ends it here: `ray.shutdown`, or nothing to do where this process was connected before."""
     import logging
 
+    import tempfile
+
     import ray
     import ray.data
 
+    from xling.actors.enginecpu import ENV
     from xling.core.runtime import start_local_ray
 
+    # Where the workers record their engine CPU (inherited from this process's environment
+    # by a node started here; a job's runtime environment on a cluster joined).
+    if not ray.is_initialized():
+        os.environ.setdefault(ENV, tempfile.mkdtemp(prefix="xling-engine-cpu-"))
     if ray.is_initialized():
         stop = lambda: None  # noqa: E731 - the caller's Ray, not ours to end
     elif os.environ.get("RAY_ADDRESS"):
-        ray.init(logging_level=logging.WARNING)
+        ray.init(logging_level=logging.WARNING,
+                 runtime_env={"env_vars": {ENV: os.environ[ENV]}})
         stop = ray.shutdown
     else:
         start_local_ray(num_cpus, logging_level=logging.WARNING)
@@ -84,9 +103,6 @@ def print_ratios(unit: str, bare_steady: float, bare_whole: float, x: dict,
     print(f"{'steady ' + unit:22s} {bare_steady:12.1f} {x['steady']:12.1f} "
           f"{x['steady'] / bare_steady if bare_steady else 0:7.2f}")
     print(f"{'start-up s':22s} {bare_startup:12.1f} {x['startup']:12.1f}")
-    if "cpu" in x:  # from run_xling: is the machine busy, and with what
-        print(f"{'CPU-s during xling':22s} machine {x['cpu']['machine']:.1f}, "
-              f"driver {x['cpu']['driver']:.1f}")
 
 
 def print_without_startup(xling_whole: float, bare_rate: float,
@@ -112,3 +128,141 @@ def cpu_seconds() -> dict:
     except (OSError, ValueError):
         out["machine"] = float("nan")
     return out
+
+
+def _ray_session() -> str | None:
+    """The session folder of the Ray node this process is connected to: every process of
+    that node (GCS, raylet, workers) names it on its command line."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray._private.worker.global_worker.node.get_session_dir_path()
+    except Exception:  # noqa: BLE001 - no node to follow: this process's tree only
+        pass
+    return None
+
+
+class CPUMeter:
+    """CPU seconds from here to `stop()` of the processes a run uses (`tree`): this one, its
+    descendants, and every process whose command line names a marker (the Ray session this
+    process is connected to, and `markers`, e.g. a subprocess's $RAY_TMPDIR) with their
+    descendants. Ray starts its GCS and raylets as daemons, outside this process's tree,
+    and workers end while a stage runs, so they are sampled every `every` seconds (user +
+    system of each process, its children's left out, so a reaped worker counts once; what a
+    process uses after its last sample is lost, well under a second each). The sampler's
+    own CPU is taken off. Also the engine calls the workers recorded (`engine`; None where
+    no worker records, e.g. a Ray node started without $XLING_ENGINE_CPU_DIR), and the
+    whole machine's CPU and load average (`machine`, `load`), for a shared machine."""
+
+    def __init__(self, markers: tuple[str, ...] = (), every: float = 0.5, ray: bool = True):
+        """`ray=False`: not the connected Ray node's processes (a bare side run beside it)."""
+        import threading
+
+        from xling.actors.enginecpu import ENV, read_totals
+
+        self._markers = tuple(m for m in (_ray_session() if ray else None, *markers) if m)
+        self._folder = os.environ.get(ENV)
+        self._engine = read_totals(self._folder, (os.getpid(),)) if self._folder else {}
+        self._machine, self._load = cpu_seconds()["machine"], os.getloadavg()[0]
+        self._first: dict = {}  # (pid, start time) -> CPU at the first sample
+        self._last: dict = {}  # (pid, start time) -> CPU at the last sample
+        self._names: dict = {}  # (pid, start time) -> what it was at its last sample
+        self._sampler_cpu = 0.0
+        self._sample(first=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _processes(self):
+        import psutil
+
+        roots = [psutil.Process()]
+        if self._markers:
+            for p in psutil.process_iter(["cmdline"]):
+                line = " ".join(p.info["cmdline"] or ())
+                if any(m in line for m in self._markers):
+                    roots.append(p)
+        seen = {}
+        for root in roots:
+            try:
+                for p in [root, *root.children(recursive=True)]:
+                    seen[p.pid] = p
+            except psutil.Error:
+                pass
+        return seen.values()
+
+    def _sample(self, first: bool = False) -> None:
+        import psutil
+
+        for p in self._processes():
+            try:
+                key, t = (p.pid, p.create_time()), p.cpu_times()
+                self._names[key] = _process_name(p)
+            except psutil.Error:
+                continue
+            self._last[key] = t.user + t.system
+            if first:
+                self._first[key] = self._last[key]
+
+    def _run(self, every: float) -> None:
+        import time as _time
+
+        while not self._stop.wait(every):
+            t = _time.thread_time()
+            self._sample()
+            self._sampler_cpu += _time.thread_time() - t
+
+    def stop(self) -> dict:
+        from xling.actors.enginecpu import read_totals
+
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        used_by = {k: v - self._first.get(k, 0.0) for k, v in self._last.items()}
+        tree = sum(used_by.values())
+        where: dict[str, float] = {}
+        for k, v in used_by.items():
+            where[self._names[k]] = where.get(self._names[k], 0.0) + v
+        where["driver"] = where.get("driver", 0.0) - self._sampler_cpu
+        engine = read_totals(self._folder, (os.getpid(),)) if self._folder else {}
+        used = sum(v - self._engine.get(pid, 0.0) for pid, v in engine.items())
+        return {"tree": tree - self._sampler_cpu, "engine": used if engine else None,
+                "where": dict(sorted(where.items(), key=lambda kv: -kv[1])),
+                "machine": cpu_seconds()["machine"] - self._machine,
+                "load": (self._load + os.getloadavg()[0]) / 2}
+
+
+def _process_name(p) -> str:
+    """A process by what it does: this one (the driver), a Ray worker by its title (its task
+    or actor at the sample; ray::IDLE between tasks), else its program's name."""
+    import psutil
+
+    if p.pid == os.getpid():
+        return "driver"
+    try:
+        line = p.cmdline()
+    except psutil.Error:
+        return p.name()
+    if line and line[0].startswith("ray::"):  # ray::Class(...).method: the method left out
+        title = line[0]
+        return (title[:title.rfind(").") + 1] if ")." in title else title)[:90]
+    return os.path.basename(line[0]) if line else p.name()
+
+
+def print_cpu(records: int, xling: dict, bare: dict | None, bare_records: int | None = None,
+              engine_label: str = "") -> dict:
+    """The CPU lines beside the ratios: xling's, the engine's and bare's CPU seconds per
+    1,000 records, and overhead = (xling - engine) / bare. Returns those figures."""
+    k = max(records, 1) / 1000
+    x, e = xling["tree"] / k, (xling["engine"] / k if xling["engine"] is not None else None)
+    b = bare["tree"] / (max(bare_records or records, 1) / 1000) if bare else None
+    over = (x - e) / b if e is not None and b else None
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"{'CPU-s per 1k records':22s} xling {fmt(x)}, engine {fmt(e)}{engine_label}, "
+          f"bare {fmt(b)}, overhead {fmt(over)}")
+    print(f"{'':22s} (xling's processes {xling['tree']:.1f} CPU-s; the machine's "
+          f"{xling['machine']:.1f} CPU-s during xling, load avg {xling['load']:.1f})")
+    top = list(xling.get("where", {}).items())[:8]
+    print(f"{'':22s} xling's CPU-s by process: " + ", ".join(f"{n} {v:.1f}" for n, v in top))
+    return {"xling": x, "engine": e, "bare": b, "overhead": over}

@@ -47,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from index import run_xling, texts, vocabulary, write_inputs  # noqa: E402
-from common import print_without_startup  # noqa: E402
+from common import CPUMeter, print_cpu, print_without_startup  # noqa: E402
 
 
 def main() -> None:
@@ -100,14 +100,14 @@ def main() -> None:
     bare_load_s = time.perf_counter() - t
     emb, bare_embed_s = None, 0.0
     if not args.search_only:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), CPUMeter()
         emb = bare.encode(docs, batch_size=args.encode_batch_size, max_length=args.max_length,
                           return_dense=True, return_sparse=False)["dense_vecs"]
-        bare_embed_s = time.perf_counter() - t
-    t = time.perf_counter()
+        bare_embed_s, bare_embed_cpu = time.perf_counter() - t, cpu.stop()
+    t, cpu = time.perf_counter(), CPUMeter()
     q = bare.encode(queries, batch_size=args.encode_batch_size, max_length=args.max_length,
                     return_dense=True, return_sparse=False)["dense_vecs"]
-    bare_encode_s = time.perf_counter() - t
+    bare_encode_s, bare_encode_cpu = time.perf_counter() - t, cpu.stop()
     del bare
 
     # ---- xling ------------------------------------------------------------------------------
@@ -153,11 +153,11 @@ def main() -> None:
 
     # ---- bare FAISS: one search over all queries -------------------------------------------
     qv = np.ascontiguousarray(q, dtype=np.float32)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), CPUMeter()
     index = faiss.IndexFlatIP(emb.shape[1])
     index.add(np.ascontiguousarray(emb, dtype=np.float32))
     _, ids = index.search(qv, args.depth)
-    faiss_s = time.perf_counter() - t
+    faiss_s, faiss_cpu = time.perf_counter() - t, cpu.stop()
     n_bare_hits = int((ids >= 0).sum())
     bare_search_s = bare_encode_s + faiss_s
     # The cost of exactness, apart, on the same vectors in this process: FAISS's one search
@@ -175,8 +175,11 @@ def main() -> None:
     if not args.search_only:
         print("embedding")
         report("passages/s", len(docs) / bare_embed_s, xe, bare_load_s)
+        print_cpu(len(docs), xe["cpu"], bare_embed_cpu)
     print("search (query embedding + exact search + hits)")
     report("queries/s", len(queries) / bare_search_s, xs, bare_load_s)
+    print_cpu(len(queries), xs["cpu"],
+              {"tree": bare_encode_cpu["tree"] + faiss_cpu["tree"]})
     print(f"  bare: start-up {bare_load_s:.1f} s (import of FlagEmbedding, model load) + encode "
           f"{bare_encode_s:.1f} s + FAISS (add + one search) {faiss_s:.2f} s")
     print_without_startup(xs["whole"], len(queries) / bare_search_s)
@@ -187,10 +190,6 @@ def main() -> None:
     print(f"  xling search wall {wall:.1f} s: start-up {xs['startup']:.1f} s, pipeline "
           f"{stream['ended'] - stream['started']:.1f} s, outside the pipeline (plan, last "
           f"commits, TREC export) {wall - (stream['ended'] - stream['started']):.1f} s")
-    cpu = xs["cpu"]
-    print(f"  CPU during xling's search: {cpu['machine']:.1f} CPU-s on the machine "
-          f"({cpu['machine'] / wall:.2f} cores busy of {os.cpu_count()}), of which the "
-          f"driver {cpu['driver']:.1f}")
     for op, busy in sorted(stream.get("busy", {}).items(), key=lambda kv: -kv[1]):
         print(f"    {op:60s} busy {busy:8.3f} s, union of its calls "
               f"{stream.get('union', {}).get(op, 0.0):8.3f} s")

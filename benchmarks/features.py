@@ -42,16 +42,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_ratios, print_without_startup, start_ray, stream_rates  # noqa: E402
+from common import CPUMeter, print_cpu, print_ratios, print_without_startup, start_ray  # noqa: E402
+from common import stream_rates  # noqa: E402
 from index import texts, vocabulary  # noqa: E402
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 
 
 def bare_nli(model: str, premises: list[str], hypotheses: list[str], device: str,
-             batch_size: int, max_length: int) -> tuple[np.ndarray, float, float]:
+             batch_size: int, max_length: int) -> tuple[np.ndarray, float, float, dict]:
     """transformers alone: probabilities [n, 3] in NLI_LABELS order, start-up s (the import
-    of transformers and the model load), engine s."""
+    of transformers and the model load), engine s, engine CPU (`CPUMeter`)."""
     import torch
 
     t = time.perf_counter()
@@ -62,7 +63,7 @@ def bare_nli(model: str, premises: list[str], hypotheses: list[str], device: str
     labels = [str(clf.config.id2label[i]).lower() for i in range(clf.config.num_labels)]
     load = time.perf_counter() - t
 
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), CPUMeter(ray=False)
     enc = tok(premises, hypotheses, truncation=True, max_length=max_length)
     order = np.argsort([-len(ids) for ids in enc["input_ids"]], kind="stable")
     probs = np.empty((len(premises), clf.config.num_labels), dtype=np.float32)
@@ -73,13 +74,14 @@ def bare_nli(model: str, premises: list[str], hypotheses: list[str], device: str
                             return_tensors="pt").to(device)
             probs[idx] = torch.softmax(clf(**feats).logits.float(), dim=-1).cpu().numpy()
     engine = time.perf_counter() - t
-    return probs[:, [labels.index(name) for name in NLI_LABELS]], load, engine
+    return probs[:, [labels.index(name) for name in NLI_LABELS]], load, engine, cpu.stop()
 
 
 def bare_reranker(model: str, queries: list[str], passages: list[str], device: str,
-                  batch_size: int, max_length: int, fp16: bool) -> tuple[np.ndarray, float, float]:
+                  batch_size: int, max_length: int,
+                  fp16: bool) -> tuple[np.ndarray, float, float, dict]:
     """FlagReranker alone: raw logits [n], start-up s (the import of FlagEmbedding and the
-    model load), engine s."""
+    model load), engine s, engine CPU."""
     t = time.perf_counter()
     from FlagEmbedding import FlagReranker
 
@@ -87,12 +89,12 @@ def bare_reranker(model: str, queries: list[str], passages: list[str], device: s
                             max_length=max_length, normalize=False)
     reranker.model.to(device).eval()  # as the actor does, so the load is all in `load`
     load = time.perf_counter() - t
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), CPUMeter(ray=False)
     scores = reranker.compute_score([[q, p] for q, p in zip(queries, passages)],
                                     batch_size=batch_size, max_length=max_length,
                                     normalize=False)
     engine = time.perf_counter() - t
-    return np.asarray(scores, dtype=np.float64), load, engine
+    return np.asarray(scores, dtype=np.float64), load, engine, cpu.stop()
 
 
 def run_xling(cls, kwargs: dict, columns: dict[str, list[str]], outputs: tuple[str, ...],
@@ -108,7 +110,7 @@ def run_xling(cls, kwargs: dict, columns: dict[str, list[str]], outputs: tuple[s
     table = pa.table({"id": np.arange(n), **columns})
     # One block per Ray batch, so every actor of the pool gets work from the start.
     blocks = [table.slice(i, ray_batch) for i in range(0, n, ray_batch)]
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), CPUMeter()
     ds = ray.data.from_arrow(blocks).map_batches(
         cls, fn_constructor_kwargs=kwargs, concurrency=actors, batch_size=ray_batch,
         batch_format="pyarrow", **resources)
@@ -122,11 +124,11 @@ def run_xling(cls, kwargs: dict, columns: dict[str, list[str]], outputs: tuple[s
         values[ids] = np.column_stack([batch[c].to_numpy(zero_copy_only=False)
                                        for c in outputs])
         errors += batch.num_rows - batch["error"].null_count
-    wall = time.perf_counter() - t
+    wall, used = time.perf_counter() - t, cpu.stop()
     stream["busy"], stream["union"] = _operator_times(ds)
     if errors:
         print(f"  xling {cls.__name__}: {errors} error rows")
-    return values, stream_rates([stream], wall, cls.__name__, actors)
+    return values, {**stream_rates([stream], wall, cls.__name__, actors), "cpu": used}
 
 
 def main() -> None:
@@ -183,7 +185,7 @@ def main() -> None:
 
     if "nli" in features:
         model = resolve_model(args.nli_model, key="--nli-model")
-        bare, load, engine = bare_nli(model, premises[:n_nli], hypotheses, device,
+        bare, load, engine, bare_cpu = bare_nli(model, premises[:n_nli], hypotheses, device,
                                       args.batch_size, args.max_length)
         xling, rates = run_xling(
             NLIScorer, {"model": model, "device": device, "batch_size": args.batch_size,
@@ -192,11 +194,11 @@ def main() -> None:
             args.actors, resources)
         print(f"NLI ({args.nli_model}): max |xling - bare| probability "
               f"{np.nanmax(np.abs(xling - bare)):.2e}")
-        report(n_nli, load, engine, rates)
+        report(n_nli, load, engine, rates, bare_cpu)
 
     if "reranker" in features:
         model = resolve_model(args.reranker_model, key="--reranker-model")
-        bare, load, engine = bare_reranker(model, queries, premises[:n_rerank], device,
+        bare, load, engine, bare_cpu = bare_reranker(model, queries, premises[:n_rerank], device,
                                            args.batch_size, args.max_length, fp16=gpu)
         xling, rates = run_xling(
             CrossEncoderScorer, {"model": model, "device": device, "use_fp16": gpu,
@@ -207,15 +209,16 @@ def main() -> None:
         # sorts each call's pairs), which moves logits by float32 rounding.
         print(f"cross-encoder ({args.reranker_model}): max |xling - bare| logit "
               f"{np.nanmax(np.abs(xling[:, 0] - bare)):.2e}")
-        report(n_rerank, load, engine, rates)
+        report(n_rerank, load, engine, rates, bare_cpu)
     stop_ray()
 
 
-def report(n: int, startup: float, engine: float, rates: dict) -> None:
+def report(n: int, startup: float, engine: float, rates: dict, bare_cpu: dict) -> None:
     """The bare call has no first output to cut at: its steady rate is the call's; its whole
     run adds its start-up (import and model load), as xling's holds its actor's."""
     print_ratios("pairs/s", n / engine, n / (startup + engine), rates, startup)
     print_without_startup(rates["whole"], n / engine)
+    print_cpu(n, rates["cpu"], bare_cpu)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import print_ratios, print_without_startup, stream_rates
+from common import CPUMeter, print_cpu, print_ratios, print_without_startup, stream_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,13 +80,13 @@ def bare(args, texts: list[str]) -> dict:
     tok = llm.get_tokenizer()
     params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                              seed=request_seed(0, t)) for t in texts]
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), CPUMeter()
     ids = [{"prompt_token_ids": chat_ids(tok, t)} for t in texts]
     res = llm.generate(ids, params, use_tqdm=False)
     tokens = sum(len(r.outputs[0].token_ids) for r in res)
     wall = time.perf_counter() - t0
     n = len(texts)
-    return {"import_s": import_s, "load_s": load, "s": wall, "tokens": tokens,
+    return {"import_s": import_s, "load_s": load, "s": wall, "tokens": tokens, "cpu": cpu.stop(),
             "whole": n / (wall + load), "steady": n / wall}
 
 
@@ -109,10 +109,17 @@ def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
                                  "gpu_memory_utilization": args.gpu_memory,
                                  "parallel": {"concurrency": [1, 1], "batch_size": args.batch_size,
                                               "num_gpus": args.num_gpus}}]}}))
-    t0 = time.perf_counter()
+    # The CLI's Ray workers record their engine CPU under this folder (benchmarks/common.py).
+    from xling.actors.enginecpu import ENV
+
+    os.environ[ENV] = os.environ.get(ENV) or tempfile.mkdtemp(prefix="xling-engine-cpu-")
+    # The CLI's own Ray node keeps its files here, which its processes' command lines name.
+    ray_tmp = tempfile.mkdtemp(prefix="xlb-", dir="/tmp")
+    t0, cpu = time.perf_counter(), CPUMeter(markers=(ray_tmp,))
     p = subprocess.run([sys.executable, "-m", "xling.cli", "generate", "--config", str(cfg),
-                        "--no-progress"], cwd=ROOT, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+                        "--no-progress"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "RAY_TMPDIR": ray_tmp})
+    seconds, used = time.perf_counter() - t0, cpu.stop()
     if p.returncode:
         sys.exit(p.stdout[-3000:] + p.stderr[-3000:])
     store = RunStore(str(tmp / f"run-{label}"))
@@ -122,6 +129,7 @@ def xling(args, texts: list[str], tmp: Path, label: str) -> dict:
     assert not errors, f"{len(errors)} benchmark prompts failed, e.g. {errors[0]}"
     st = store.read_json(f"{cell}/_manifest.json")["stream"]
     return {"s": seconds, "tokens": int(sum(x or 0 for x in t["n_output_tokens"].to_pylist())),
+            "cpu": used,
             "rates": stream_rates([st], seconds, "StoreGenerator", 1)}
 
 
@@ -167,6 +175,7 @@ def main() -> None:
     print_without_startup(x["rates"]["whole"],
                           args.prompts / (b["s"] + b["load_s"] - b["import_s"]),
                           "a bare start-up without the import")
+    print_cpu(args.prompts, x["cpu"], b["cpu"])
     r = x["rates"]
     print(f"  xling's generator calls: {r['busy']:.2f} s summed, {r['union']:.2f} s their union "
           f"(the actor runs several at once; the steady rate divides by the shorter)")

@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_seconds, print_ratios, print_stats, start_ray, stream_rates
+from common import CPUMeter, print_cpu, print_ratios, print_stats, start_ray, stream_rates
 
 import numpy as np
 
@@ -90,18 +90,18 @@ def run_xling(cfg, index_stage, index_actor: tuple[str, int], search_actor: tupl
     start_ray(num_cpus)
     store = RunStore(cfg.run_root)
     runner = Runner(store, progress=False, log=lambda *_: None)
-    t, cpu = time.perf_counter(), cpu_seconds()
+    t, cpu = time.perf_counter(), CPUMeter()
     runner.run(index_stage, cfg)
     index = stream_rates(runner, time.perf_counter() - t, *index_actor)
-    index["cpu"] = {k: v - cpu[k] for k, v in cpu_seconds().items()}
+    index["cpu"] = cpu.stop()
     print_stats(runner)
     if not search:
         return index, None, 0
     runner = Runner(store, progress=False, log=lambda *_: None)
-    t, cpu = time.perf_counter(), cpu_seconds()
+    t, cpu = time.perf_counter(), CPUMeter()
     runner.run(RetrieveStage(), cfg)
     search = stream_rates(runner, time.perf_counter() - t, *search_actor)
-    search["cpu"] = {k: v - cpu[k] for k, v in cpu_seconds().items()}
+    search["cpu"] = cpu.stop()
     print_stats(runner)
     [rcell] = store.list_dirs("retrieve")
     return index, search, store.read_json(f"retrieve/{rcell}/_manifest.json")["hits"]
@@ -134,19 +134,19 @@ def main() -> None:
     start_jvm()
     write_json_collection(((f"d{i}", t) for i, t in enumerate(docs)), str(tmp / "coll"),
                           per_file=-(-len(docs) // (4 * args.threads)))
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), CPUMeter()
     index_collection(str(tmp / "coll"), str(tmp / "bare-index"), STANDARD,
                      threads=args.threads, store_raw=False, store_docvectors=False)
-    bare_index_s = time.perf_counter() - t
+    bare_index_s, bare_index_cpu = time.perf_counter() - t, cpu.stop()
     searcher = open_searcher(str(tmp / "bare-index"), STANDARD, 0.9, 0.4)
     qids = [f"q{i}" for i in range(len(queries))]
     if args.skip_search:
         queries = queries[:1]
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), CPUMeter()
     bare_hits = searcher.batch_search(queries, qids, k=args.depth, threads=args.threads)
     # What writing a run file takes: each hit's doc id and score, read once.
     n_bare_hits = sum(len([(h.docid, h.score) for h in v]) for v in bare_hits.values())
-    bare_search_s = time.perf_counter() - t
+    bare_search_s, bare_search_cpu = time.perf_counter() - t, cpu.stop()
 
     # ---- xling -------------------------------------------------------------------------
     write_inputs(tmp, docs, queries)
@@ -187,12 +187,15 @@ def main() -> None:
     # start excluded (it is started before both).
     print("indexing")
     print_ratios("docs/s", len(docs) / bare_index_s, len(docs) / bare_index_s, xi)
-    print(f"  xling index merge (finalize) {TimedIndexStage.lucene_s:.1f} s of the whole run")
+    print_cpu(len(docs), xi["cpu"], bare_index_cpu)
+    print(f"  xling index merge left after the last shard (finalize) "
+          f"{TimedIndexStage.lucene_s:.1f} s of the whole run")
     if args.skip_search:
         return
     print(f"hits: bare {n_bare_hits}, xling {n_xling_hits}")
     print("search")
     print_ratios("queries/s", len(queries) / bare_search_s, len(queries) / bare_search_s, xs)
+    print_cpu(len(queries), xs["cpu"], bare_search_cpu)
 
 
 if __name__ == "__main__":

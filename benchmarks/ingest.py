@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import print_ratios, print_stats, start_ray, stream_rates
+from common import CPUMeter, print_cpu, print_ratios, print_stats, start_ray, stream_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,13 +74,14 @@ def bare(path: Path, tokenizer_dir: str, processes: int, batch_size: int) -> dic
 
     lines = path.read_text(encoding="utf-8").splitlines()
     batches = [lines[i:i + batch_size] for i in range(0, len(lines), batch_size)]
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), CPUMeter()
     with mp.get_context("spawn").Pool(processes, initializer=_init,
                                       initargs=(tokenizer_dir,)) as pool:
         start = time.perf_counter() - t0
         n = sum(pool.imap_unordered(_work, batches))
     wall = time.perf_counter() - t0
-    return {"whole": n / wall, "steady": n / (wall - start), "startup": start}
+    return {"whole": n / wall, "steady": n / (wall - start), "startup": start,
+            "cpu": cpu.stop()}
 
 
 def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int) -> dict:
@@ -97,13 +98,14 @@ def xling_stage(path: Path, tokenizer_dir: str, shards: int, concurrency: int) -
         # has processes.
         "parallel": {"concurrency": [concurrency, concurrency]},
         "corpora": [{"name": "bench", "format": "mrtydi", "path": str(path), "langs": ["en"]}]}})
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), CPUMeter()
     runner = Runner(RunStore(run_root), progress=False, log=lambda *_: None)
     runner.run(IngestStage(), cfg)
     wall = time.perf_counter() - t0
+    used = cpu.stop()
     stop_ray()
     print_stats(runner)
-    return stream_rates(runner, wall, "DocumentStats", concurrency)
+    return {**stream_rates(runner, wall, "DocumentStats", concurrency), "cpu": used}
 
 
 def main() -> None:
@@ -125,6 +127,7 @@ def main() -> None:
     print(f"documents {args.docs}; {args.concurrency} processes (bare) / actors (xling), "
           f"{args.shards} shards")
     print_ratios("docs/s", b["steady"], b["whole"], x, b["startup"])
+    print_cpu(args.docs, x["cpu"], b["cpu"])
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_ratios, print_stats, print_without_startup, stream_rates  # noqa: E402
-from common import start_ray  # noqa: E402
+from common import CPUMeter, print_cpu, start_ray  # noqa: E402
 from index import texts, vocabulary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def main() -> None:
     bare = M3Embedder(model, max_length=args.max_length, batch_size=args.encode_batch_size,
                       use_fp16=gpu).model
     load = time.perf_counter() - t
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), CPUMeter()
     vecs = bare.encode([*sentences, *queries.values()], batch_size=args.encode_batch_size,
                        max_length=args.max_length, return_dense=True,
                        return_sparse=False)["dense_vecs"]
@@ -148,7 +148,7 @@ def main() -> None:
     vec = dict(zip([*got["sentences"], *queries], np.asarray(vecs, np.float32)))
     t = time.perf_counter()
     bare_sel = cross.select(opts, clang, vec)
-    rank_s = time.perf_counter() - t
+    rank_s, bare_cpu = time.perf_counter() - t, cpu.stop()
     del bare
 
     # ---- xling: the narrow stage -------------------------------------------------------------
@@ -174,9 +174,9 @@ def main() -> None:
                                 "num_cpus": 1 if gpu else max(1, cores // args.actors)}}})
     store = RunStore(cfg.run_root)
     runner = Runner(store, progress=False, log=lambda *_: None)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), CPUMeter()
     runner.run(NarrowStage(), cfg)
-    wall = time.perf_counter() - t
+    wall, used = time.perf_counter() - t, cpu.stop()
     rates = stream_rates(runner, wall, "StoreEmbedder", args.actors)
     print_stats(runner)
     [cell] = store.list_dirs("narrow")
@@ -198,6 +198,7 @@ def main() -> None:
     # as xling's holds its actor's, and as generate.py, dense.py and features.py count it.
     print_ratios("texts/s", n / embed_s, n / (load + embed_s + rank_s), rates, load)
     print_without_startup(rates["whole"], n / (embed_s + rank_s))
+    print_cpu(n, used, bare_cpu)
     nm = manifest["narrow"]
     print(f"xling's reuse: {nm['sentences_total']} sentences in the haystacks, "
           f"{nm['sentences_distinct']} distinct embedded once: "

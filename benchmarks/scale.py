@@ -191,6 +191,8 @@ def run_size(n_docs: int, args, tokenizer: str, tmp: Path) -> list[dict]:
     try:
         for stage, unit, n in ((IngestStage(), "docs", n_docs), (IndexStage(), "docs", n_docs),
                                (RetrieveStage(), "queries", args.queries * len(args.langs))):
+            if stage.name not in args.stages:
+                continue
             runner = Runner(store, progress=False, log=lambda *_: None)
             with Sampler(address) as s:
                 t = time.perf_counter()
@@ -222,6 +224,8 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=0,
                     help="shards per language cell (default: one per 20k documents, at least 2)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the nodes' Ray logs")
+    ap.add_argument("--stages", default="ingest,index,retrieve", type=lambda s: s.split(","),
+                    help="the stages to run, of ingest, index, retrieve")
     args = ap.parse_args()
     unknown = set(args.langs) - set(SCRIPTS)
     if unknown:
@@ -257,7 +261,7 @@ def main() -> None:
     print("\n| documents | stage | wall s | rate | driver peak RSS MiB | object store peak MiB "
           "| spilled MiB |\n|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['docs']:,} | {r['stage']} | {r['wall']:.1f} | {r['rate']:,.0f} {r['unit']}/s "
+        print(f"| {r['docs']:,} | {r['stage']} | {r['wall']:.1f} | {r['rate']:,.1f} {r['unit']}/s "
               f"| {r['rss'] / 2**20:,.0f} | {r['store'] / 2**20:,.0f} | {r['spilled'] / 2**20:,.0f} |")
     if len(sizes) > 1:
         lo, hi = sizes[0], sizes[-1]

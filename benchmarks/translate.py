@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import print_ratios, start_ray, stream_rates
+from common import CPUMeter, print_cpu, print_ratios, start_ray, stream_rates
 
 # Ray starts each actor with OMP_NUM_THREADS = its num_cpus (1); the bare engine gets the same
 # environment, or the two sides would run different thread pools under the same settings.
@@ -86,7 +86,7 @@ def bare(model: str, sents: list[str], a) -> dict:
                                     inter_threads=1, intra_threads=a.intra_threads)
     tok = Tokenizer.from_file(f"{model}/tokenizer.json")
     load = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), CPUMeter()
     sources = [["eng_Latn", *e.tokens, "</s>"]
                for e in tok.encode_batch(sents, add_special_tokens=False)]
     hyps: list = [None] * len(sources)
@@ -105,9 +105,9 @@ def bare(model: str, sents: list[str], a) -> dict:
                 hyps[i] = [t for t in r.result().hypotheses[0][1:] if t != "</s>"]
     texts = [tok.decode([tok.token_to_id(t) for t in h if tok.token_to_id(t) is not None],
                         skip_special_tokens=True) for h in hyps]
-    wall = time.perf_counter() - t0
+    wall, used = time.perf_counter() - t0, cpu.stop()
     assert len(texts) == len(sents)
-    return {"load": load, "wall": wall, "tgt_tokens": sum(len(h) for h in hyps),
+    return {"load": load, "wall": wall, "cpu": used, "tgt_tokens": sum(len(h) for h in hyps),
             "lengths": [len(s) for s in sources],
             "steady": len(sents) / wall}
 
@@ -132,13 +132,14 @@ def xling_stage(model: str, corpus: Path, a) -> dict:
         "documents": [{"name": "bench", "format": "jsonl", "path": str(corpus), "langs": ["en"],
                        "targets": ["de"], "id_field": "id", "title_field": None,
                        "text_field": "text"}]}})
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), CPUMeter()
     runner = Runner(RunStore(run_root), progress=False, log=lambda *_: None)
     [rep] = runner.run(TranslateStage(), cfg)
-    wall = time.perf_counter() - t0
+    wall, used = time.perf_counter() - t0, cpu.stop()
     table = read_cell(RunStore(run_root), rep.cell.dir, columns=["n_tgt_tokens", "error"])
     assert rep.errors == 0, "benchmark sentences must all translate"
-    return {"wall": wall, "rows": rep.rows, "rates": stream_rates(runner, wall, "StoreTranslator", 1),
+    return {"wall": wall, "rows": rep.rows, "cpu": used,
+            "rates": stream_rates(runner, wall, "StoreTranslator", 1),
             "tgt_tokens": sum(n or 0 for n in table["n_tgt_tokens"].to_pylist())}
 
 
@@ -183,6 +184,7 @@ def main() -> None:
     print(f"target tokens: bare {b['tgt_tokens']}, xling {x['tgt_tokens']}; bare load "
           f"{b['load']:.2f} s, translate {b['wall']:.1f} s; xling run {x['wall']:.1f} s")
     print_ratios("sent/s", b["steady"], n / b["wall"], x["rates"], b["load"])
+    print_cpu(n, x["cpu"], b["cpu"])
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from xling.actors.embedder import Embedder, MultiVector, make_embedder, vector_matrix
+from xling.actors.enginecpu import engine_cpu
 
 
 class DenseRetriever:
@@ -125,12 +126,13 @@ class DenseRetriever:
                     for i, j in group:
                         found[i][j] = (np.array([], object), np.array([]), plang)
                     continue
-                if is_hybrid:
-                    scores, ids = merge_topk([hybrid_topk(_one(q, qs[0]), sh, weights[qs[0]],
-                                                          self.k) for sh in index["shards"]],
-                                             self.k)
-                else:
-                    scores, ids = index["flat"].search(q["dense"][qs], self.k)
+                with engine_cpu():
+                    if is_hybrid:
+                        scores, ids = merge_topk([hybrid_topk(_one(q, qs[0]), sh,
+                                                              weights[qs[0]], self.k)
+                                                  for sh in index["shards"]], self.k)
+                    else:
+                        scores, ids = index["flat"].search(q["dense"][qs], self.k)
                 for r, (i, j) in enumerate(group):
                     found[i][j] = (ids[r], np.asarray(scores[r], np.float64), plang)
         drop = {"text", "error", "partitions", "analyzers", "partition_langs",

@@ -16,6 +16,8 @@ import os
 
 import pyarrow as pa
 
+from xling.actors.enginecpu import engine_cpu
+
 
 class DocumentStats:
     def __init__(self, tokenizer_path: str):
@@ -54,19 +56,21 @@ class DocumentStats:
         errors = batch["error"].to_pylist()
         n_chars, n_segments, n_tokens = [], [], []
         ok = [i for i, e in enumerate(errors) if e is None]
-        counts = self.count_tokens([texts[i] for i in ok]) if ok else []
+        with engine_cpu():
+            counts = self.count_tokens([texts[i] for i in ok]) if ok else []
         by_row = dict(zip(ok, counts))
-        for i, (text, lang) in enumerate(zip(texts, langs)):
-            if i not in by_row:
-                n_chars.append(None), n_segments.append(None), n_tokens.append(None)
-                continue
-            try:
-                n_segments.append(len(self.segments(text, lang)))
-            except Exception as e:  # a segmenter failure is this record's error, not the job's
-                errors[i] = f"segmentation failed: {type(e).__name__}: {e}"
-                n_segments.append(None)
-            n_chars.append(len(text))
-            n_tokens.append(by_row[i])
+        with engine_cpu():  # the segmenter's, once a batch
+            for i, (text, lang) in enumerate(zip(texts, langs)):
+                if i not in by_row:
+                    n_chars.append(None), n_segments.append(None), n_tokens.append(None)
+                    continue
+                try:
+                    n_segments.append(len(self.segments(text, lang)))
+                except Exception as e:  # a segmenter failure is this record's error
+                    errors[i] = f"segmentation failed: {type(e).__name__}: {e}"
+                    n_segments.append(None)
+                n_chars.append(len(text))
+                n_tokens.append(by_row[i])
         batch = batch.set_column(batch.column_names.index("error"), "error",
                                  pa.array(errors, pa.string()))
         return (batch.append_column("n_chars", pa.array(n_chars, pa.int64()))

@@ -38,6 +38,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
+from xling.actors.enginecpu import engine_cpu
+
 log = logging.getLogger(__name__)
 
 EMPTY = "empty text"
@@ -425,9 +427,10 @@ class M3Embedder(RowEmbedder):
         return f"embedding failed: {type(error).__name__}: {error}"
 
     def _encode_batch(self, texts: list[str]) -> list[dict]:
-        res = self.model.encode(texts, batch_size=self.batch_size, max_length=self.max_length,
-                                return_dense=self.dense, return_sparse=self.sparse,
-                                return_colbert_vecs=self.colbert)
+        with engine_cpu():
+            res = self.model.encode(texts, batch_size=self.batch_size, max_length=self.max_length,
+                                    return_dense=self.dense, return_sparse=self.sparse,
+                                    return_colbert_vecs=self.colbert)
         rows = [{} for _ in texts]
         if self.dense:
             dense = np.asarray(res["dense_vecs"], dtype=np.float32).reshape(len(texts), -1)

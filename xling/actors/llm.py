@@ -103,6 +103,20 @@ def cache_key(model: str, settings: dict, sampling: Sampling, prompt: Prompt) ->
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def cache_keys(model: str, settings: dict, sampling: Sampling,
+               prompts: list[Prompt]) -> list[str]:
+    """`cache_key` of each prompt, byte for byte, with what the prompts share serialised
+    once: the sorted keys put the prompt between the model and the sampling params."""
+    blob = json.dumps({"model": model, "settings": settings, "sampling": sampling.as_dict(),
+                       "prompt": ""}, sort_keys=True, ensure_ascii=False,
+                      separators=(",", ":"))
+    head, tail = blob.split('"prompt":""', 1)
+    head, tail = (head + '"prompt":').encode(), tail.encode()
+    dumps, sha = json.dumps, hashlib.sha256
+    return [sha(head + dumps(canonical_prompt(p), ensure_ascii=False).encode() + tail)
+            .hexdigest() for p in prompts]
+
+
 def check_prompt(prompt: Prompt) -> str | None:
     """Why a prompt cannot be sent, or None."""
     if isinstance(prompt, str):

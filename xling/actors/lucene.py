@@ -32,6 +32,8 @@ from typing import Iterable
 import numpy as np
 import pyarrow as pa
 
+from xling.actors.enginecpu import engine_cpu
+
 # Anserini analyzes these with a WhitespaceAnalyzer (CIRAL and Mr.TyDi conventions).
 WHITESPACE = frozenset({"ha", "so", "sw", "yo"})
 # `-language` values Anserini maps to a language-specific analyzer (AnalyzerMap) + "en".
@@ -223,7 +225,8 @@ def index_collection(input_dir: str, index_dir: str, language: str, *, threads: 
         args.append("-optimize")
     if memory_mb:
         args += ["-memoryBuffer", str(memory_mb)]
-    autoclass("io.anserini.index.IndexCollection").main(args)
+    with engine_cpu():
+        autoclass("io.anserini.index.IndexCollection").main(args)
     return index_stats(index_dir)
 
 
@@ -236,8 +239,21 @@ def index_rows(rows: Iterable[tuple[str, str]], index_dir: str, language: str, *
         return index_collection(tmp, index_dir, language, **kw)
 
 
-def merge_indexes(shard_dirs: list[str], out_dir: str, *, optimize: bool = False) -> dict:
-    """Add the segments of several Lucene indexes to one new index at `out_dir`."""
+def merge_indexes(shard_dirs: list[str], out_dir: str, *, optimize: bool = False,
+                  threads: int = 1) -> dict:
+    """Add the segments of several Lucene indexes to one new index at `out_dir`, as they are
+    (a copy of their files, no merge), then with `optimize` merge them all into one segment
+    on `threads` merge threads.
+
+    No merge policy runs while they are added: Lucene's default (TieredMergePolicy) would
+    merge the small segments of many pieces tier by tier, rewriting each document about
+    log10(pieces) times, where `optimize`'s one merge of all of them rewrites it once."""
+    with engine_cpu():
+        return _merge_indexes(shard_dirs, out_dir, optimize=optimize, threads=threads)
+
+
+def _merge_indexes(shard_dirs: list[str], out_dir: str, *, optimize: bool,
+                   threads: int) -> dict:
     start_jvm()
     from jnius import autoclass, cast
 
@@ -246,10 +262,17 @@ def merge_indexes(shard_dirs: list[str], out_dir: str, *, optimize: bool = False
     IndexWriter = autoclass("org.apache.lucene.index.IndexWriter")
     IndexWriterConfig = autoclass("org.apache.lucene.index.IndexWriterConfig")
     OpenMode = autoclass("org.apache.lucene.index.IndexWriterConfig$OpenMode")
+    NoMergePolicy = autoclass("org.apache.lucene.index.NoMergePolicy")
+    TieredMergePolicy = autoclass("org.apache.lucene.index.TieredMergePolicy")
+    ConcurrentMergeScheduler = autoclass("org.apache.lucene.index.ConcurrentMergeScheduler")
 
     os.makedirs(out_dir, exist_ok=True)
     config = IndexWriterConfig()  # addIndexes copies segments: the analyzer is not used
     config.setOpenMode(OpenMode.CREATE)
+    config.setMergePolicy(NoMergePolicy.INSTANCE)
+    scheduler = ConcurrentMergeScheduler()  # its default: one thread on a small machine
+    scheduler.setMaxMergesAndThreads(max(1, threads) + 5, max(1, threads))
+    config.setMergeScheduler(scheduler)
     target = FSDirectory.open(Paths.get(out_dir))
     writer = IndexWriter(target, config)
     sources = [FSDirectory.open(Paths.get(d)) for d in shard_dirs]
@@ -257,6 +280,7 @@ def merge_indexes(shard_dirs: list[str], out_dir: str, *, optimize: bool = False
         for source in sources:  # one call per shard: jnius cannot pick the Directory[] overload
             writer.addIndexes(cast("org.apache.lucene.store.Directory", source))
         if optimize:
+            writer.getConfig().setMergePolicy(TieredMergePolicy())
             writer.forceMerge(1)
         writer.commit()
     finally:
@@ -419,8 +443,9 @@ class BM25Searcher:
             try:
                 searcher = self.searcher(index, language)
                 qids = [str(j) for j in range(len(todo))]
-                res = searcher.batch_search([cols["text"][i] for i, _ in todo], qids, k=self.k,
-                                            threads=self.threads)
+                with engine_cpu():
+                    res = searcher.batch_search([cols["text"][i] for i, _ in todo], qids,
+                                                k=self.k, threads=self.threads)
             except Exception as e:  # e.g. an unreadable index: its queries are error rows
                 for i, _ in todo:
                     failed.setdefault(i, f"search failed on {index}: {type(e).__name__}: {e}")

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from xling.actors.embedder import _put
+from xling.actors.enginecpu import engine_cpu
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ class PairScorer:
         if not pairs:
             return []
         try:
-            return list(self._score(pairs))
+            with engine_cpu():
+                return list(self._score(pairs))
         except Exception as e:  # noqa: BLE001 - isolate the rows that fail, keep the rest
             if len(pairs) == 1:
                 return [f"{self.what} failed: {type(e).__name__}: {e}"]

@@ -23,6 +23,7 @@ import time
 
 import pyarrow as pa
 
+from xling.actors.enginecpu import engine_cpu
 from xling.actors.llm import HANG_TIMEOUT_S
 from xling.actors.segments import (
     Piece,
@@ -224,6 +225,10 @@ class Translator:
         """Sort by length, cut into token batches, run them through CT2 asynchronously."""
         if not pieces:
             return [], [], []
+        with engine_cpu():
+            return self._translate_now(pieces, cells)
+
+    def _translate_now(self, pieces: list[tuple[int, Piece]], cells: list[int]):
         lengths = [len(p.tokens) for _, p in pieces]
         ratio, extra, cap = self.decode
         jobs = []

@@ -262,15 +262,17 @@ class Source:
     cell   a committed xling cell whose part files are the partition (shard s = its
            part-s), used as is when its shard count matches; those rows have no `_rid`
            until `adapt` sets it, so a source with `cell` needs an `adapt`
-    files, read_files
-           a source that is files read one by one: `read_files` maps a batch of one `path`
-           to its rows (with `_rid`), as `read` does through Ray Data. The runner then reads
-           every such source of a stage in one pipeline operator, not one per source.
+    read_items, read_files
+           a source that is files read piece by piece: `read_items()` lists the read tasks'
+           inputs (`path`, and a byte `range` where a file is cut), and `read_files` maps a
+           batch of one of them to its rows (with `_rid`), as `read` does through Ray Data.
+           The runner then reads every such source of a stage in one pipeline operator, not
+           one per source.
     """
 
     key: dict
     read: Callable[[], Any]
     adapt: Callable[[pa.Table], pa.Table] | None = None
     cell: str | None = None
-    files: list[str] | None = None
+    read_items: Callable[[], list[dict]] | None = None
     read_files: Callable[[pa.Table], Any] | None = None

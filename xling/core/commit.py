@@ -8,7 +8,6 @@ core/runner.py's docstring.
 
 from __future__ import annotations
 
-import functools
 import socket
 import uuid
 from typing import TYPE_CHECKING, Any, Iterable
@@ -47,10 +46,23 @@ def fingerprint(rids: Iterable[str]) -> str:
 
 
 def rid_hashes(rids) -> np.ndarray:
-    """8-byte hashes of record ids: what workers tell the driver instead of the ids."""
+    """8-byte hashes of record ids: what workers tell the driver instead of the ids. They
+    are `fingerprint`'s (seed 1), so that the partition writer hashes an id once for both
+    (`_id_hashes`); nothing persists them."""
     values = rids.to_pylist() if isinstance(rids, (pa.Array, pa.ChunkedArray)) else rids
-    return np.fromiter((xxhash.xxh64_intdigest(str(r).encode(), seed=2) for r in values),
+    return np.fromiter((xxhash.xxh64_intdigest(str(r).encode(), seed=1) for r in values),
                        dtype=np.uint64, count=len(values))
+
+
+def _id_hashes(rids: pa.Array | pa.ChunkedArray, n_shards: int) -> tuple[np.ndarray, np.ndarray]:
+    """(`shard_of`, `rid_hashes`) of string ids in one pass: each id encoded once, its two
+    digests taken together (the shard's seed 0 is persisted in every layout, so it stays)."""
+    values = rids.to_pylist()
+    both = np.fromiter(((xxhash.xxh64_intdigest(b) % n_shards,
+                         xxhash.xxh64_intdigest(b, seed=1))
+                        for b in (str(r).encode() for r in values)),
+                       dtype=np.dtype((np.uint64, 2)), count=len(values))
+    return both[:, 0].astype(np.int64), both[:, 1]
 
 
 def _tag_cell(batch: pa.Table, *, index: int) -> pa.Table:
@@ -58,10 +70,11 @@ def _tag_cell(batch: pa.Table, *, index: int) -> pa.Table:
 
 
 def _read_sources(batch: pa.Table, *, readers: dict[int, Any]):
-    """map_batches over (path, source index) rows, one a batch: the file's rows, read by its
-    source's reader and tagged with the source's index."""
-    for path, i in zip(batch["path"].to_pylist(), batch[CELL].to_pylist()):
-        for t in readers[i](pa.table({"path": [path]})):
+    """map_batches over read items (`path`, a byte `range`...) tagged with their source's
+    index, one a batch: the item's rows, read by its source's reader and tagged."""
+    for item in batch.to_pylist():
+        i = item.pop(CELL)
+        for t in readers[i](pa.Table.from_pylist([item])):
             yield _tag_cell(t, index=i)
 
 
@@ -204,22 +217,24 @@ def _write_shards(batch: pa.Table, *, store: RunStore, dirs: list[str],
     batch = batch.set_column(batch.column_names.index(RID), RID, pc.cast(batch[RID], pa.string()))
     cells = batch[CELL].to_numpy()
     shards = np.zeros(len(cells), dtype=np.int64)
+    hashes = np.zeros(len(cells), dtype=np.uint64)
     for c in np.unique(cells):
         rows = cells == c
-        shards[rows] = shard_of(batch[RID].filter(pa.array(rows)), n_shards[c])
+        shards[rows], hashes[rows] = _id_hashes(batch[RID].filter(pa.array(rows)), n_shards[c])
     batch = batch.append_column(SHARD, pa.array(shards, pa.int64()))
     out = {k: [] for k in ("cell", "shard", "path", "rids", "xor")}
-    for c, s in sorted({(int(c), int(s)) for c, s in zip(cells, shards)}):
-        part = batch.filter(pa.array((cells == c) & (shards == s)))
+    keys = cells * 1_000_000_000 + shards
+    for key in np.unique(keys):
+        c, s = int(key // 1_000_000_000), int(key % 1_000_000_000)
+        rows = keys == key
+        part = batch.filter(pa.array(rows))
         rel = f"{dirs[c]}/{s:05d}/{uuid.uuid4().hex}.parquet"
         store.write_parquet(rel, part.drop_columns([CELL]))
-        ids = part[RID].to_pylist()
         out["cell"].append(c)
         out["shard"].append(s)
         out["path"].append(rel)
-        out["rids"].append(rid_hashes(ids))
+        out["rids"].append(hashes[rows])
         # `fingerprint`'s XOR, computed here so that it combines across files
-        out["xor"].append(functools.reduce(
-            lambda a, r: a ^ xxhash.xxh64_intdigest(str(r).encode(), seed=1), ids, 0))
+        out["xor"].append(int(np.bitwise_xor.reduce(hashes[rows])))
     return pa.table({**out, "rids": pa.array(out["rids"], pa.list_(pa.uint64())),
                      "xor": pa.array(out["xor"], pa.uint64())})

@@ -30,6 +30,7 @@ from xling.actors.llm import (
     Prompt,
     Sampling,
     cache_key,
+    cache_keys,
     decode_prompt,
     prompt_hash,
 )
@@ -156,7 +157,7 @@ class CachedEngine:
 
     def _lookup(self, prompts: list[Prompt], sampling: Sampling, options: dict):
         """(keys, completions of the cached prompts, {key: indexes} of the rest)."""
-        keys = [self.key(p, sampling, options) for p in prompts]
+        keys = cache_keys(self.model, {**self.settings, **options}, sampling, prompts)
         out: list[Completion | None] = [None] * len(prompts)
         todo: dict[str, list[int]] = {}
         for i, k in enumerate(keys):
@@ -336,26 +337,42 @@ class StoreGenerator(StoreLLM):
         options = call["options"]
         done, cached, keys = await self.cached.acomplete(
             [decode_prompt(prompts[i]) for i in todo], sampling, **options)
-        got = dict(zip(todo, zip(done, cached, keys)))
-        parser = find_parser(call["parser"])
-        out = []
-        keep = ["item_id", "study", "setting", "lang", RID, "_shard", CELL, "error",
-                *(["meta"] if "meta" in rows.column_names else [])]
-        for i, row in enumerate(rows.select(keep).to_pylist()):
-            r = {**row, "model": call["model"], "prompt": prompts[i],
-                 "prompt_hash": prompt_hash(decode_prompt(prompts[i])) if prompts[i] else None,
-                 "too_long": options.get("too_long")}
-            if i in got:
-                comp, hit, key = got[i]
-                r.update(output=comp.text, n_prompt_tokens=comp.n_prompt_tokens,
-                         n_output_tokens=comp.n_output_tokens, latency_s=comp.latency_s,
-                         finish_reason=comp.finish_reason, truncated_from=comp.truncated_from,
-                         cached=hit, attempts=comp.attempts, cache_key=key, error=comp.error)
-                if comp.error is None:
-                    parsed, why = parser(comp.text or "")
-                    r["parsed"] = list(parsed.items()) if parsed is not None else None
-                    r["error"] = why
-            out.append(r)
-        return pa.Table.from_pylist(out, schema=GENERATIONS.append(
-            pa.field(RID, pa.string())).append(pa.field("_shard", pa.int64())).append(
-            pa.field(CELL, pa.int64())))
+        return _generation_rows(rows, call, prompts, todo, done, cached, keys)
+
+
+_GENERATION_ROWS = GENERATIONS.append(pa.field(RID, pa.string())).append(
+    pa.field("_shard", pa.int64())).append(pa.field(CELL, pa.int64()))
+# Taken from the prompt rows as they are; the rest is made per call, a column at a time.
+_PASSED = ("item_id", "study", "setting", "lang", "meta", RID, "_shard", CELL)
+
+
+def _generation_rows(rows: pa.Table, call: dict, prompts: list, todo: list[int], done,
+                     cached, keys) -> pa.Table:
+    """A cell's prompt rows and their completions (for the rows `todo`) -> generations rows,
+    built column by column (only the parser runs per completion)."""
+    n = rows.num_rows
+    parser = find_parser(call["parser"])
+    col = {name: [None] * n for name in (
+        "output", "n_prompt_tokens", "n_output_tokens", "latency_s", "finish_reason",
+        "truncated_from", "cached", "attempts", "cache_key", "parsed")}
+    error = rows["error"].to_pylist()
+    for i, comp, hit, key in zip(todo, done, cached, keys):
+        col["output"][i], col["n_prompt_tokens"][i] = comp.text, comp.n_prompt_tokens
+        col["n_output_tokens"][i], col["latency_s"][i] = comp.n_output_tokens, comp.latency_s
+        col["finish_reason"][i], col["truncated_from"][i] = comp.finish_reason, comp.truncated_from
+        col["cached"][i], col["attempts"][i], col["cache_key"][i] = hit, comp.attempts, key
+        error[i] = comp.error
+        if comp.error is None:
+            parsed, error[i] = parser(comp.text or "")
+            col["parsed"][i] = list(parsed.items()) if parsed is not None else None
+    col.update(model=[call["model"]] * n, prompt=prompts, error=error,
+               too_long=[call["options"].get("too_long")] * n,
+               prompt_hash=[prompt_hash(decode_prompt(p)) if p else None for p in prompts])
+    arrays = []
+    for field in _GENERATION_ROWS:
+        if field.name in _PASSED:
+            arrays.append(rows[field.name].cast(field.type) if field.name in rows.column_names
+                          else pa.nulls(n, field.type))
+        else:
+            arrays.append(pa.array(col[field.name], field.type))
+    return pa.Table.from_arrays(arrays, schema=_GENERATION_ROWS)

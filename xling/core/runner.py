@@ -427,14 +427,14 @@ class Runner:
         # operator is visited at every step of Ray Data's scheduler: one per source made a
         # stage of many small sources spend its driver's CPU there); a smoke run's `limit`
         # is per source, so it reads each on its own.
-        readers = {i: fresh[w][0].read_files for i, w in enumerate(wheres)
-                   if fresh[w][0].read_files is not None and fresh[w][0].files
-                   and not self.limit}
+        items = [] if self.limit else [
+            {**item, CELL: i} for i, w in enumerate(wheres) if fresh[w][0].read_files
+            for item in fresh[w][0].read_items()]
+        readers = {i: fresh[wheres[i]][0].read_files for i in {it[CELL] for it in items}}
         parts = []
-        if readers:
+        if items:
             import ray.data
 
-            items = [{"path": f, CELL: i} for i in readers for f in fresh[wheres[i]][0].files]
             parts.append(ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
                 _read_sources, batch_size=1, batch_format="pyarrow",
                 fn_kwargs={"readers": readers}))

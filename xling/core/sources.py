@@ -4,7 +4,10 @@ Paths are local globs or `s3://bucket/prefix/glob` (reached with the same AWS_* 
 the run store). Each file is one read task that streams it through the parsers in
 `tasks/corpora.py` and `tasks/topics.py` and yields blocks of `BLOCK_ROWS` rows, so a file
 of any size is never held in memory and a corpus of many files is read in parallel.
-`.gz` files are decompressed on the fly.
+`.gz` files are decompressed on the fly. An uncompressed JSON-lines corpus file is read in
+ranges of `RANGE_BYTES` (cut at line breaks), a task each: the partition's object-store
+use is then what its tasks hold at once, not the size of the largest file (one task per
+150 MB file, six at once, held about the whole corpus at 1 M documents).
 """
 
 from __future__ import annotations
@@ -185,7 +188,16 @@ def _read_document_files(batch: pa.Table, *, spec: dict, lang: str):
     fields = {k: spec[k] for k in ("id_field", "title_field", "text_field")}
     fmt = spec["format"]
     parquet = fmt == "parquet"
-    for path in batch["path"].to_pylist():
+    ranges = batch["range"].to_pylist() if "range" in batch.column_names else None
+    for i, path in enumerate(batch["path"].to_pylist()):
+        if ranges and ranges[i]:
+            start, end = ranges[i]
+            with _open(path, random_access=True) as f:
+                yield from document_tables(_LineRange(f, start, end), fmt=fmt, lang=lang,
+                                           source=spec["name"], schema=DOCUMENTS,
+                                           encoding=spec["encoding"], first_byte=start,
+                                           **fields)
+            continue
         with _open(path, random_access=parquet) as f:
             if parquet:
                 tables = _blocks(iter_parquet_documents(f, lang=lang, source_name=spec["name"],
@@ -220,10 +232,81 @@ def _read_topic_files(batch: pa.Table, *, spec: dict, lang: str):
             yield from _blocks(({**r, "source": spec["name"]} for r in rows), QUERIES)
 
 
-def _file_dataset(files: list[str]):
+def _file_dataset(files: list[str], ranges: bool = False):
+    """One read task per item of `_read_items`."""
     import ray.data
 
-    return ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+    items = _read_items(files, ranges)
+    return ray.data.from_items(items, override_num_blocks=len(items))
+
+
+def _read_items(files: list[str], ranges: bool) -> list[dict]:
+    """A read task's input per file; with `ranges`, one per `RANGE_BYTES` of each
+    uncompressed file (`range`: [start, end) in bytes, or null for the whole file)."""
+    items = []
+    for f in files:
+        size = _size(f) if ranges and not f.endswith(".gz") else 0
+        if size > RANGE_BYTES:
+            items += [{"path": f, "range": [a, min(a + RANGE_BYTES, size)]}
+                      for a in range(0, size, RANGE_BYTES)]
+        else:
+            items.append({"path": f, "range": None} if ranges else {"path": f})
+    return items
+
+
+RANGE_BYTES = 32 << 20
+
+
+def _size(path: str) -> int:
+    if path.startswith("s3://"):
+        head, name = path.rsplit("/", 1)
+        store = RunStore(head)
+        return store.fs.get_file_info(store.fs_path(name)).size
+    return os.path.getsize(path)
+
+
+class _LineRange:
+    """The lines of a seekable file that start in bytes [start, end): a line that starts
+    before `start` belongs to the range before, one that crosses `end` to this one, so the
+    ranges of a file hold each line once. A binary stream (`read(size)`)."""
+
+    def __init__(self, f, start: int, end: int):
+        self.f, self.end = f, end
+        self.done = False
+        if start > 0:
+            f.seek(start - 1)
+            while True:  # to the first line break at or after start - 1
+                data = f.read(1 << 16)
+                cut = data.find(b"\n")
+                if cut >= 0:
+                    start += cut
+                    break
+                if not data:  # no line starts after start - 1
+                    self.done = True
+                    break
+                start += len(data)
+            self.done = self.done or start >= end
+        self.pos = start
+        f.seek(start)
+
+    def read(self, size: int = -1) -> bytes:
+        if self.done:
+            return b""
+        want = self.end - self.pos if size < 0 else min(size, max(self.end - self.pos, 0))
+        data = self.f.read(want) if want > 0 else b""
+        self.pos += len(data)
+        if self.pos >= self.end or not data:  # finish the line that crosses the end
+            self.done = True
+            tail = b""
+            if not data or not data.endswith(b"\n"):
+                while chunk := self.f.read(1 << 16):
+                    cut = chunk.find(b"\n")
+                    if cut >= 0:
+                        tail += chunk[:cut + 1]
+                        break
+                    tail += chunk
+            data += tail
+        return data
 
 
 # The fields of a source spec that decide which rows are read (not its name, languages or
@@ -236,7 +319,8 @@ def documents_source(spec: CorpusSpec, lang: str, files: list[str], adapt=None) 
     key = {"documents": {k: getattr(spec, k) for k in _READ_FIELDS if hasattr(spec, k)},
            "lang": lang, "files": sorted(files)}
     return Source(key, functools.partial(read_documents, spec, lang, files), adapt=adapt,
-                  files=list(files), read_files=_document_reader(spec, lang))
+                  read_items=functools.partial(_read_items, list(files), _ranged(spec)),
+                  read_files=_document_reader(spec, lang))
 
 
 def queries_source(spec: TopicSpec, lang: str, files: list[str], adapt=None) -> Source:
@@ -244,7 +328,13 @@ def queries_source(spec: TopicSpec, lang: str, files: list[str], adapt=None) -> 
     key = {"queries": {k: getattr(spec, k) for k in _READ_FIELDS if hasattr(spec, k)},
            "lang": lang, "files": sorted(files)}
     return Source(key, functools.partial(read_queries, spec, lang, files), adapt=adapt,
-                  files=list(files), read_files=_query_reader(spec, lang))
+                  read_items=functools.partial(_read_items, list(files), False),
+                  read_files=_query_reader(spec, lang))
+
+
+def _ranged(spec: CorpusSpec) -> bool:
+    """JSON lines (uncompressed) are read in byte ranges; the other formats file by file."""
+    return spec.format not in ("parquet", "clef", *DOCUMENT_FORMATS)
 
 
 def _document_reader(spec: CorpusSpec, lang: str):
@@ -266,8 +356,8 @@ def _with_rids(batch: pa.Table, *, read, column: str):
 
 def read_documents(spec: CorpusSpec, lang: str, files: list[str]):
     """A Ray Dataset of documents rows (DOCUMENTS schema + `_rid` = doc_id)."""
-    return _file_dataset(files).map_batches(_document_reader(spec, lang), batch_size=1,
-                                            batch_format="pyarrow")
+    return _file_dataset(files, ranges=_ranged(spec)).map_batches(
+        _document_reader(spec, lang), batch_size=1, batch_format="pyarrow")
 
 
 def read_queries(spec: TopicSpec, lang: str, files: list[str]):

@@ -322,9 +322,12 @@ class IndexStage(Stage):
         bm25 = cells[0].key["engine"] == "bm25"
         ds = ds.map_batches(functools.partial(_contents, fields=ic.contents, by_length=not bm25),
                             batch_format="pyarrow", num_cpus=LIGHT_CPUS)
+        # The shards' commit tasks merge their Lucene pieces (`ShardMerge`); not dense's.
+        self.part_counts = (ShardMerge(RunStore(cfg.run_root).uri, ic.bm25.heap, _threads(ic))
+                            if bm25 else None)
         if bm25:
             # The Lucene segments are built here, from the partition's rows, in the one pass
-            # over the text; finalize only merges them.
+            # over the text; the shards' commits merge them, and finalize adds the shards.
             p = ic.parallel
             return ds.drop_columns(["title", "text"], num_cpus=LIGHT_CPUS).map_batches(
                 LuceneSegments, batch_format="pyarrow", batch_size=p.batch_size,
@@ -352,8 +355,14 @@ class IndexStage(Stage):
         if cell.key["engine"] != "bm25":
             return {}
         analyzer, fallback = analyzer_for(cell.key["text_lang"])
-        info = build_lucene_index(store, cell, analyzer, cfg.index.bm25)
+        info = build_lucene_index(store, cell, analyzer, cfg.index.bm25, _threads(cfg.index))
         return {"lucene": info, "analyzer": analyzer, "analyzer_fallback": fallback}
+
+
+def _threads(ic: IndexConfig) -> int:
+    """The threads the BM25 stage has: its Lucene actors' at most, each with bm25.threads
+    (Lucene's merge scheduler takes one thread on a small machine unless told more)."""
+    return max(1, ic.parallel.concurrency[1] * ic.bm25.threads)
 
 
 def _collection(cfg: XlingConfig, name: str) -> IndexCollection:
@@ -470,36 +479,101 @@ def _among(values, value_set) -> np.ndarray:
     return pc.is_in(values, value_set=value_set).fill_null(False).to_numpy(zero_copy_only=False)
 
 
-def build_lucene_index(store: RunStore, cell: Cell, analyzer: str, opts) -> dict:
-    """Merge the Lucene pieces the committed shards name into the cell's index."""
+class ShardMerge:
+    """The BM25 pipeline's `part_counts`: run by each shard's commit task (in parallel with
+    the pipeline, as shards complete), it merges the pieces the shard's part names into one
+    segment at `{cell}/lucene/shards/NNNNN/` and removes them, so that `finalize` only adds
+    the shards' segments. Idempotent: a retried commit finds the shard's marker, which names
+    the pieces it holds (a rerun's pieces are new, so an old shard index is never reused)."""
+
+    def __init__(self, store_uri: str, heap: str | None, threads: int):
+        self.store_uri, self.heap, self.threads = store_uri, heap, threads
+
+    def __call__(self, table: pa.Table) -> dict[str, int]:
+        if "lucene_piece" not in table.column_names:  # a shard no record hashed to
+            return {"lucene_documents": 0}
+        pieces = sorted(p for p in pc.unique(table["lucene_piece"]).to_pylist() if p)
+        if not pieces:
+            return {"lucene_documents": 0}
+        info = merge_shard(RunStore(self.store_uri), pieces, self.heap, self.threads)
+        return {"lucene_documents": int(info["documents"])}
+
+
+def _shard_dir(piece: str) -> str:
+    """`{cell}/lucene/pieces/NNNNN/<uuid>` -> `{cell}/lucene/shards/NNNNN`."""
+    cell_dir, rest = piece.rsplit("/lucene/pieces/", 1)
+    return f"{cell_dir}/lucene/shards/{rest.split('/', 1)[0]}"
+
+
+def _pieces_digest(pieces: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(sorted(pieces)).encode()).hexdigest()[:16]
+
+
+def merge_shard(store: RunStore, pieces: list[str], heap: str | None, threads: int) -> dict:
+    """One shard's pieces -> one segment in its shard folder (see `ShardMerge`)."""
+    from xling.actors.lucene import merge_indexes, start_jvm
+
+    rel, digest = _shard_dir(pieces[0]), _pieces_digest(pieces)
+    done = store.read_json_or_none(f"{rel}/{LUCENE_MARKER}")
+    if done and done.get("pieces_digest") == digest:
+        return done
+    start_jvm(heap)
+    local = [store.fetch_tree(p, LUCENE_MARKER) for p in pieces]
+    with _output_dir(store, rel) as out:
+        stats = merge_indexes(local, out, optimize=True, threads=threads)
+        marker = _commit_dir(store, out, rel, {"pieces": len(pieces), "pieces_digest": digest,
+                                               **stats, "built_at": now()})
+    for p in pieces:
+        store.delete_tree(p)
+    return marker
+
+
+def build_lucene_index(store: RunStore, cell: Cell, analyzer: str, opts,
+                       threads: int = 1) -> dict:
+    """Add the committed shards' indexes (`ShardMerge`) into the cell's index; the pieces of
+    a shard committed without its merge (by an xling before it) are added as they are."""
     import ray
 
     done = store.read_json_or_none(f"{cell.dir}/{INDEX_DIR}/{LUCENE_MARKER}")
     if done:
         return {k: v for k, v in done.items() if k != "files"}
     parts = store.read_parquet(part_files(store, cell.dir), columns=["lucene_piece"])
-    pieces = sorted({p for p in parts["lucene_piece"].to_pylist() if p})
+    pieces = sorted(p for p in pc.unique(parts["lucene_piece"]).to_pylist() if p)
     if not pieces:
         raise StageFailed(f"{cell.id}: no document could be indexed (every row is an error "
                           "row or empty); see the error column of its part files")
-    merge = ray.remote(num_cpus=1)(_merge_pieces)
-    return ray.get(merge.remote(store.uri, cell.dir, pieces, analyzer, opts.optimize, opts.heap))
+    by_shard: dict[str, list[str]] = {}
+    for p in pieces:
+        by_shard.setdefault(_shard_dir(p), []).append(p)
+    inputs = []
+    for rel, ps in sorted(by_shard.items()):
+        marker = store.read_json_or_none(f"{rel}/{LUCENE_MARKER}")
+        merged = marker and marker.get("pieces_digest") == _pieces_digest(ps)
+        inputs += [rel] if merged else ps
+    merge = ray.remote(num_cpus=1)(_merge_shards)
+    return ray.get(merge.remote(store.uri, cell.dir, inputs, len(pieces), analyzer,
+                                opts.optimize, opts.heap, threads))
 
 
-def _merge_pieces(store_uri: str, cell_dir: str, pieces: list[str], analyzer: str,
-                  optimize: bool, heap: str | None) -> dict:
+def _merge_shards(store_uri: str, cell_dir: str, inputs: list[str], n_pieces: int,
+                  analyzer: str, optimize: bool, heap: str | None, threads: int) -> dict:
     from xling.actors.lucene import merge_indexes, start_jvm
 
     start_jvm(heap)
     store = RunStore(store_uri)
-    local = [store.fetch_tree(p, LUCENE_MARKER) for p in pieces]
+    local = [store.fetch_tree(p, LUCENE_MARKER) for p in inputs]
     rel = f"{cell_dir}/{INDEX_DIR}"
     with _output_dir(store, rel) as out:
-        stats = merge_indexes(local, out, optimize=optimize)
-        marker = _commit_dir(store, out, rel, {"pieces": len(pieces), "analyzer": analyzer,
-                                               **stats, "built_at": now()})
-    # The merged index holds everything; pieces of killed runs were never named: drop all.
+        stats = merge_indexes(local, out, optimize=optimize, threads=threads)
+        marker = _commit_dir(store, out, rel, {"pieces": n_pieces, "inputs": len(inputs),
+                                               "analyzer": analyzer, **stats,
+                                               "built_at": now()})
+    # The merged index holds everything; pieces and shards of killed runs were never named
+    # by a committed part: drop all.
     store.delete_tree(f"{cell_dir}/lucene/pieces")
+    store.delete_tree(f"{cell_dir}/lucene/shards")
     return {k: v for k, v in marker.items() if k != "files"}
 
 

@@ -141,7 +141,7 @@ def iter_documents(stream: BinaryIO, *, fmt: str, lang: str, source: str, encodi
             yield row
 
 
-def line_row(raw: bytes, n: int, *, encoding: str, fmt: str, lang: str, source: str,
+def line_row(raw: bytes, n: int | str, *, encoding: str, fmt: str, lang: str, source: str,
              id_field: str = "docid", title_field: str | None = "title",
              text_field: str = "text") -> dict[str, Any] | None:
     """Line `n` (from 1) of a JSON-lines file, undecoded and without its newline -> a

@@ -52,10 +52,12 @@ def rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
 def document_tables(stream: BinaryIO, *, fmt: str, lang: str, source: str, schema: pa.Schema,
                     encoding: str = "auto", id_field: str = "docid",
                     title_field: str | None = "title", text_field: str = "text",
-                    chunk_bytes: int = CHUNK_BYTES) -> Iterator[pa.Table]:
+                    chunk_bytes: int = CHUNK_BYTES, first_byte: int = 0) -> Iterator[pa.Table]:
     """Documents tables (`schema`: doc_id, lang, title, text, source, date, error) from a
     binary stream of JSON lines in `fmt` (tasks/corpora.FIELDS, or "jsonl" with the given
-    fields), the same rows in the same order as `corpora.iter_documents`."""
+    fields), the same rows in the same order as `corpora.iter_documents`. `first_byte`: where
+    the stream starts in its file (a range of it), which error messages name with the line
+    counted from there."""
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
     if fmt not in FIELDS and fmt != "jsonl":
@@ -74,7 +76,8 @@ def document_tables(stream: BinaryIO, *, fmt: str, lang: str, source: str, schem
         table = _arrow_table(chunk, lines, options, fields, date, lang, source, schema) \
             if arrow else None
         if table is None:
-            rows = (line_row(raw, first_line + i, encoding=encoding, **kw)
+            rows = (line_row(raw, f"{first_line + i} after byte {first_byte}" if first_byte
+                             else first_line + i, encoding=encoding, **kw)
                     for i, raw in enumerate(bytes(chunk).split(b"\n")[:lines], 1))
             table = rows_table([r for r in rows if r is not None], schema)
         return table

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field, computed_field
 
+from xling.actors.enginecpu import engine_cpu
 from xling.actors.llm import (
     HANG_TIMEOUT_S,
     Completion,
@@ -115,7 +116,8 @@ class _Driver:
             if not busy:
                 self.stepped = time.monotonic()  # idle until now: no step was owed
             try:
-                outputs = self.engine.step()
+                with engine_cpu():
+                    outputs = self.engine.step()
             except BaseException as e:
                 self.stop(e)
                 continue
@@ -220,6 +222,30 @@ class VLLMEngine(LLMEngine):
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         return list(self.tokenizer.encode(prompt))
 
+    def tokenize_many(self, prompts: list[Prompt],
+                      prefix: str | None = None) -> list[list[int] | Exception]:
+        """`tokenize` of each prompt, the texts encoded in one batch call (the Rust tokenizer
+        runs the batch without Python between prompts); a prompt whose chat template fails
+        gets its exception. A chat template holds its special tokens, so its text is encoded
+        without more, as `apply_chat_template(tokenize=True)` encodes it."""
+        out: list[list[int] | Exception | None] = [None] * len(prompts)
+        texts, where = [], []
+        for i, p in enumerate(prompts):
+            if self.chat:
+                try:
+                    p = self.tokenizer.apply_chat_template(as_messages(p), tokenize=False,
+                                                           add_generation_prompt=True)
+                except Exception as e:  # a chat template that rejects the roles, say
+                    out[i] = e
+                    continue
+            texts.append(p + prefix if prefix else p)
+            where.append(i)
+        if texts:
+            ids = self.tokenizer(texts, add_special_tokens=not self.chat)["input_ids"]
+            for i, one in zip(where, ids):
+                out[i] = list(one)
+        return out
+
     def allowed_token_ids(self, allowed: list[str]) -> list[int]:
         """The single tokens that spell each string, with or without a leading space."""
         ids = set()
@@ -240,17 +266,18 @@ class VLLMEngine(LLMEngine):
         out: list[Completion | None] = [None] * len(prompts)
         todo, inputs = [], []
         budget = self.max_model_len - sampling.max_tokens
+        valid = []
         for i, p in enumerate(prompts):
             why = check_prompt(p)
             if why is None and not self.chat and not isinstance(p, str):
                 why = "chat messages given to a model configured with chat: false"
             if why:
                 out[i] = Completion(error=why, attempts=0)
-                continue
-            try:
-                ids = self.tokenize(p, prefix)
-            except Exception as e:  # a chat template that rejects the roles, say
-                out[i] = Completion(error=f"cannot tokenize prompt: {e}", attempts=0)
+            else:
+                valid.append(i)
+        for i, ids in zip(valid, self.tokenize_many([prompts[i] for i in valid], prefix)):
+            if isinstance(ids, Exception):
+                out[i] = Completion(error=f"cannot tokenize prompt: {ids}", attempts=0)
                 continue
             if budget < 1:
                 out[i] = Completion(error=f"max_tokens {sampling.max_tokens} leaves no room for a "
