@@ -24,6 +24,10 @@ from xling.dev.tiny_models import MARKER, build_tiny_models, tiny_model_paths
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# Its tests share the session's build of every tiny model in a temporary folder: one xdist
+# worker runs them all, so the models are built once, not once per worker (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("test_tiny_models")
+
 ALL = ("nllb_hf", "nllb_ct2", "bge_m3", "llama_chat", "nli_deberta", "xlmr_reranker", "aya_hf",
        "aya_ct2", "e5", "repllama", "mgte", "nv_embed")
 
