@@ -694,19 +694,25 @@ _LLAMA_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>"
                    "<|end_header_id|>", "<|eot_id|>")
 
 
-def _build_llama_chat(out: Path, _deps: dict[str, Path]) -> None:
+def _llama_sentencepiece(out: Path) -> dict:
+    """Llama-2 style sentencepiece BPE (no normalisation, digits split, byte fallback, so
+    newlines and any script survive a round trip), trained into `out/tokenizer.model`;
+    its vocabulary and merges."""
     from tokenizers.models import BPE
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, LlamaTokenizer
     from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
-    # Llama-2 style sentencepiece settings (no normalisation, digits split, byte fallback), so
-    # newlines and any script survive a round trip.
     spm_path = out / "tokenizer.model"
     spm_path.write_bytes(_train_sentencepiece(
         "bpe", 1000, normalization_rule_name="identity", remove_extra_whitespaces=False,
         split_digits=True, allow_whitespace_only_pieces=True,
     ))
-    extracted = SentencePieceExtractor(str(spm_path)).extract(BPE)
+    return SentencePieceExtractor(str(spm_path)).extract(BPE)
+
+
+def _build_llama_chat(out: Path, _deps: dict[str, Path]) -> None:
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+
+    extracted = _llama_sentencepiece(out)
     vocab = dict(extracted["vocab"])
     for special in _LLAMA_SPECIALS:
         vocab[special] = len(vocab)
@@ -1049,18 +1055,11 @@ def _build_nv_embed(out: Path, deps: dict[str, Path]) -> None:
 
 
 def _build_repllama(out: Path, _deps: dict[str, Path]) -> None:
-    from tokenizers.models import BPE
     from transformers import LlamaConfig, LlamaModel, LlamaTokenizer
-    from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
     # Llama-2's tokenizer (meta-llama/Llama-2-7b-hf, RepLLaMA's base): sentencepiece BPE with
     # <unk>=0 <s>=1 </s>=2, BOS added, no EOS (RepLLaMA appends </s> itself).
-    spm_path = out / "tokenizer.model"
-    spm_path.write_bytes(_train_sentencepiece(
-        "bpe", 1000, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        split_digits=True, allow_whitespace_only_pieces=True,
-    ))
-    extracted = SentencePieceExtractor(str(spm_path)).extract(BPE)
+    extracted = _llama_sentencepiece(out)
     tok = LlamaTokenizer(vocab=dict(extracted["vocab"]), merges=extracted["merges"],
                          unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                          add_bos_token=True, add_eos_token=False, model_max_length=4096)
