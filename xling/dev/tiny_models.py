@@ -543,6 +543,29 @@ def _build_nllb_hf(out: Path, _deps: dict[str, Path]) -> None:
     model.save_pretrained(out)
 
 
+def _train_seq2seq(model, input_ids, attention_mask, labels, steps: int) -> None:
+    """`steps` AdamW steps (lr 1e-2) on random batches of 16 rows, seeded, single-threaded
+    (bitwise-repeatable on one machine); the model is left in eval mode."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+        order = torch.Generator().manual_seed(0)
+        model.train()
+        for _ in range(steps):
+            idx = torch.randperm(len(input_ids), generator=order)[:16]
+            loss = model(input_ids=input_ids[idx], attention_mask=attention_mask[idx],
+                         labels=labels[idx]).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        model.eval()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _train_copy_task(model, tok, steps: int = 120) -> None:
     """A few seconds of "translate" = copy the sentence under another language tag.
 
@@ -569,22 +592,7 @@ def _train_copy_task(model, tok, steps: int = 120) -> None:
     labels = torch.tensor([r + [-100] * (tgt_len - len(r)) for r in tgt_rows])
     attention_mask = (input_ids != tok.pad_token_id).long()
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-        order = torch.Generator().manual_seed(0)
-        model.train()
-        for _ in range(steps):
-            idx = torch.randperm(len(src_rows), generator=order)[:16]
-            loss = model(input_ids=input_ids[idx], attention_mask=attention_mask[idx],
-                         labels=labels[idx]).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        model.eval()
-    finally:
-        torch.set_num_threads(threads)
+    _train_seq2seq(model, input_ids, attention_mask, labels, steps)
 
 
 def _build_nllb_ct2(out: Path, deps: dict[str, Path]) -> None:
@@ -908,7 +916,6 @@ def _train_prp_task(model, tok, steps: int = 80) -> None:
     comparison would be unparseable; after this the answers parse. Which passage repeats
     the query is more than 80 steps teach a 2-layer model: it answers "Passage B" to every
     pair (a position bias, as small LLMs have), so its PRP keeps the first-stage order."""
-    import torch
 
     from xling.tasks.rerank import pairwise_prompt
 
@@ -925,22 +932,7 @@ def _train_prp_task(model, tok, steps: int = 80) -> None:
     labels = tok(targets, padding=True, return_tensors="pt").input_ids
     labels[labels == tok.pad_token_id] = -100
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-        order = torch.Generator().manual_seed(0)
-        model.train()
-        for _ in range(steps):
-            idx = torch.randperm(len(sources), generator=order)[:16]
-            loss = model(input_ids=enc.input_ids[idx], attention_mask=enc.attention_mask[idx],
-                         labels=labels[idx]).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        model.eval()
-    finally:
-        torch.set_num_threads(threads)
+    _train_seq2seq(model, enc.input_ids, enc.attention_mask, labels, steps)
 
 
 def _build_aya_ct2(out: Path, deps: dict[str, Path]) -> None:
