@@ -55,9 +55,9 @@ def test_mirage_end_to_end_on_s3(tmp_path, s3_env, tiny_models, ray_local):
             generator_reply(prompt, model) if model in STRENGTH else judge_reply(prompt, model))
         args = ["run", "--config", str(cfg), *mirage_overrides(run_root, server.url),
                 "judge.shards=4"]
-        # Commits slowed so that the kill lands mid-arena; the run generates with the tiny
+        # Arena commits slowed so that the kill lands mid-arena; the run generates with the tiny
         # vLLM model and scores its features before the arena starts.
-        proc = xling(*args, "--no-progress", env={"XLING_FAULT_COMMIT_DELAY": "0.7"},
+        proc = xling(*args, "--no-progress", env={"XLING_FAULT_COMMIT_DELAY": "judge=0.7"},
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         kill_after_commits(proc, store, "judge", n=1, timeout=600)
         committed = sum("/_shards/" in rel for rel in store.list("judge"))

@@ -69,7 +69,7 @@ def test_nuggets_killed_and_resumed_with_a_second_system(tmp_path, tiny_models, 
         server.reply_fn = lambda prompt, model: generator_reply(prompt, model)
         _config(cfg, run_root, server.url, "tiny:llama_chat", ["s1"])
         proc = xling("run", "--config", str(cfg), "--no-progress",
-                     env={"XLING_FAULT_COMMIT_DELAY": "0.5"},
+                     env={"XLING_FAULT_COMMIT_DELAY": "nuggets=0.5"},
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         kill_after_commits(proc, store, "nuggets", n=1, timeout=600)
         before = _cache_keys(store)

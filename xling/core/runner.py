@@ -643,7 +643,7 @@ class Runner:
 
     def _mark(self, stage: Stage, cell: Cell, shard: int, result: dict, started: float) -> None:
         """The shard's part file is in place: write its marker (the commit point)."""
-        delay = float(os.environ.get("XLING_FAULT_COMMIT_DELAY", "0") or 0)
+        delay = _fault_commit_delay(stage.name)
         if delay:
             time.sleep(delay)  # fault-injection hook: widens the window for kill tests
         self.store.write_json(f"{cell.dir}/_shards/{shard:05d}.json", {
@@ -695,6 +695,17 @@ class Runner:
                     f"{store.url(d)}")
         ran = sum(m["run_id"] == self.run_id for m in markers.values())
         return CellReport(cell, "done", rows, errors, ran, cell.n_shards, time.time() - t0)
+
+
+def _fault_commit_delay(stage: str) -> float:
+    """$XLING_FAULT_COMMIT_DELAY, the fault-injection hook's sleep before each commit: seconds
+    for every stage (`1.5`), or per stage (`judge=0.7,index=1`), so that a kill test slows
+    only the stage it kills in."""
+    value = os.environ.get("XLING_FAULT_COMMIT_DELAY", "").strip()
+    if "=" not in value:
+        return float(value or 0)
+    per_stage = dict(item.split("=", 1) for item in value.split(",") if item.strip())
+    return float(per_stage.get(stage, 0) or 0)
 
 
 def _operator_times(ds) -> tuple[dict[str, float], dict[str, float]]:

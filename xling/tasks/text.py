@@ -498,10 +498,26 @@ def backend_version(backend: str) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _langid_classes() -> frozenset[str]:
-    from langid.langid import LanguageIdentifier, model
+def _langid_model() -> tuple:
+    """langid.py's model, decoded once per process (its base64 + bz2 + pickle string takes
+    seconds): the arguments of `LanguageIdentifier`, as `from_modelstring` makes them. The
+    identifiers share these arrays; `set_languages` slices new ones, never writes to them."""
+    import base64
+    import bz2
+    import pickle
 
-    return frozenset(LanguageIdentifier.from_modelstring(model).nb_classes)
+    import numpy as np
+    from langid.langid import model
+
+    nb_ptc, nb_pc, nb_classes, tk_nextmove, tk_output = pickle.loads(
+        bz2.decompress(base64.b64decode(model)))
+    nb_numfeats = len(nb_ptc) // len(nb_pc)
+    return (np.array(nb_ptc).reshape(nb_numfeats, len(nb_pc)), np.array(nb_pc), nb_numfeats,
+            nb_classes, tk_nextmove, tk_output)
+
+
+def _langid_classes() -> frozenset[str]:
+    return frozenset(_langid_model()[3])
 
 
 def identifiable(languages: Sequence[str], backend: str = "lingua") -> list[str]:
@@ -565,11 +581,11 @@ class LanguageID:
 
     def _init_langid(self, codes: list[str], restrict: bool) -> None:
         try:
-            from langid.langid import LanguageIdentifier, model
+            from langid.langid import LanguageIdentifier
         except ImportError as e:  # pragma: no cover - langid is a dependency
             raise ValueError("backend 'langid' needs the langid package (pip install "
                              "langid)") from e
-        identifier = LanguageIdentifier.from_modelstring(model, norm_probs=True)
+        identifier = LanguageIdentifier(*_langid_model(), norm_probs=True)
         iso = {c: iso_code(c) for c in codes}
         lacking = [c for c, i in iso.items() if i not in identifier.nb_classes]
         if lacking:
