@@ -42,17 +42,16 @@ LAYERS = ("unit", "integration", "e2e", "faults")
 # test (pytest_xdist_make_scheduler below, in this order), so the long ones start first and the
 # run does not end with one worker alone on a long test while the others idle. A module whose
 # tests share a module fixture marks itself `xdist_group` (tests/unit/test_test_layout.py).
-SLOW_FIRST = ("test_mirage_study", "test_cross_study", "test_studies", "test_stage_kills",
-              "test_retrieve", "test_llmclir_ciral", "test_translate", "test_resume",
-              "test_s3_faults", "test_two_drivers", "test_llm_stages", "test_doctor",
-              "test_plan", "test_nugget_stage", "test_bm25", "test_ct2_reranker",
-              "test_hf_embedders", "test_cluster_faults", "test_sweep", "test_devstore",
-              "test_localcluster", "test_benchmarks", "test_tiny_models",
-              "test_engine_lifetimes", "test_watchdog_vllm", "test_feature_actors",
-              "test_runner", "test_dense", "test_imported_runs", "test_lease",
-              "test_part_integrity", "test_llm_config", "test_study_config",
-              "test_llmclir_texts", "test_translator_watchdog", "test_translate_flag",
-              "test_report")
+SLOW_FIRST = ("test_tiny_models", "test_cross_study", "test_mirage_study", "test_studies",
+              "test_cluster_faults", "test_retrieve", "test_llmclir_ciral", "test_nugget_stage",
+              "test_s3_faults", "test_benchmarks", "test_translate", "test_bm25",
+              "test_llm_stages", "test_stage_kills", "test_resume", "test_localcluster",
+              "test_doctor", "test_watchdog_vllm", "test_two_drivers", "test_engine_lifetimes",
+              "test_sweep", "test_plan", "test_ct2_reranker", "test_hf_embedders",
+              "test_devstore", "test_feature_actors", "test_runner", "test_dense",
+              "test_imported_runs", "test_lease", "test_part_integrity", "test_llm_config",
+              "test_study_config", "test_llmclir_texts", "test_translator_watchdog",
+              "test_translate_flag", "test_report")
 
 
 def pytest_collection_modifyitems(config, items):
