@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from xling.config import XlingConfig, load_config
+from xling.core import upstream
 from xling.core.config import ConfigError
 from xling.core.store import RunStore, StoreError
 
@@ -47,6 +48,10 @@ def stage_registry() -> dict:
             "generate": GenerateStage,
             "features": FeaturesStage, "judge": JudgeStage, "nuggets": NuggetStage,
             "evaluate": EvaluateStage}
+
+
+# Stages find their inputs by the upstream stage's name (core/upstream.py), through this.
+upstream.use_registry(stage_registry)
 
 
 def is_driver_stage(stage_cls) -> bool:

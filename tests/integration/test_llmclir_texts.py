@@ -56,7 +56,7 @@ def test_rerank_texts_og_and_dt_cross_the_first_stage(tmp_path, ray_local):
     from xling.config import load_config
     from xling.jobs.rerank import RerankStage, rerank_cells
     from xling.jobs.retrieve import run_cells
-    from xling.jobs.translate import translate_cell
+    from xling.core.upstream import translation as translate_cell
 
     (tmp_path / "topics.tsv").write_text("q1\tcapital of the Netherlands\n")
     cfg_file = tmp_path / "c.yaml"
@@ -108,7 +108,7 @@ def test_a_trec_first_stage_reranked_on_the_dt_texts(tmp_path, ray_local):
     from xling.config import load_config
     from xling.core.config import ConfigError
     from xling.jobs.rerank import RerankStage, rerank_cells
-    from xling.jobs.translate import translate_cell
+    from xling.core.upstream import translation as translate_cell
 
     (tmp_path / "topics.tsv").write_text("q1\tcapital of the Netherlands\n")
     docs = [json.loads(line) for line in gzip.open(FI, "rt")]

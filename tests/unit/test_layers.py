@@ -255,6 +255,44 @@ def test_extension_checker_catches_each_planted_violation(tmp_path):
     assert not any("fine.py" in v for v in found)
 
 
+# A stage finds another stage's cells by its name (core/upstream.py), never by importing it;
+# the only module of jobs/ a stage imports is the study glue, and the glue imports none.
+STUDY_GLUE = "xling.jobs.study"
+
+
+def stage_violations(root: Path = PKG) -> list[str]:
+    """Imports of a jobs/ module from another jobs/ module, other than of the study glue."""
+    bad = []
+    for path in sorted((root / "jobs").glob("*.py")):
+        rel = path.relative_to(root.parent)
+        me = ".".join(rel.with_suffix("").parts)
+        for line, name in imports_of(path, root.parent):
+            if not _hits(name, "xling.jobs") or name == "xling.jobs" or _hits(name, me):
+                continue
+            if me != STUDY_GLUE and _hits(name, STUDY_GLUE):
+                continue
+            bad.append(f"{rel}:{line} imports {name}")
+    return sorted(set(bad))
+
+
+def test_no_stage_imports_another():
+    assert stage_violations() == []
+
+
+def test_stage_checker_catches_each_planted_violation(tmp_path):
+    pkg = _plant(tmp_path, {
+        "jobs/retrieve.py": "def f():\n    from xling.jobs.index import index_cells\n",
+        "jobs/rerank.py": "import xling.jobs.retrieve\n",
+        "jobs/study.py": "from xling.jobs.translate import TranslateStage\n",
+        "jobs/judge.py": "from xling.jobs.study import study_of\nfrom xling.core import upstream\n",
+    })
+    found = stage_violations(pkg)
+    assert any(v.startswith("xling/jobs/retrieve.py:2 imports xling.jobs.index") for v in found)
+    assert any(v.startswith("xling/jobs/rerank.py:1 imports xling.jobs.retrieve") for v in found)
+    assert any(v.startswith("xling/jobs/study.py:1 imports xling.jobs.translate") for v in found)
+    assert not any("judge.py" in v for v in found)
+
+
 def test_no_import_cycles():
     assert cycles(module_graph()) == []
 

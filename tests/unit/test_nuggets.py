@@ -323,7 +323,7 @@ def test_agreement_with_qrels_kappa_and_tau():
 
     from sklearn.metrics import cohen_kappa_score
 
-    from xling.jobs.nuggets import agreement
+    from xling.tasks.nugget_report import agreement
 
     def row(system, judged):
         sup = [{"sentence": 0, "docid": f"d{i}", "label": lab, "human": h}

@@ -10,7 +10,7 @@ from xling.core.cells import Cell
 from xling.core.commit import _commit_shard
 from xling.core.status import part_files
 from xling.core.store import RunStore
-from xling.jobs.retrieve import TREC_PART, export_trec
+from xling.core.runs import TREC_PART, export_trec
 from xling.tasks.runs import hit_counts, hits_trec_bytes, trec_run_bytes
 
 

@@ -1,8 +1,8 @@
 """One command, one answer: what planning asks of the file system and of each stage is
 computed once per command and reused, while a `run_scope` is open.
 
-Stages find their inputs by asking upstream stages for their cells, and every such question
-used to list the source files again: validating configs/demo.yaml listed 20 patterns 2,970
+Stages find their inputs by asking upstream stages for their cells (core/upstream.py), and
+every such question used to list the source files again: validating configs/demo.yaml listed 20 patterns 2,970
 times, and on `s3://` each listing is a request. Inside a scope, `remember` keeps each
 answer by key; the pipeline opens one scope around a whole `xling` command (core/plan.py),
 so each source prefix is listed once per run and each stage's cells are built once per

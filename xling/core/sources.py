@@ -20,11 +20,12 @@ import re
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field, field_validator, model_validator
 
 from xling.core.config import ConfigError, Strict, check_lang
 from xling.core.memo import remember
-from xling.core.cells import RID, Source
+from xling.core.cells import RID, Cell, Source
 from xling.core.store import RunStore
 from xling.studies.registry import DOCUMENT_FORMATS, get_study
 
@@ -151,6 +152,13 @@ def _list_files(pattern: str, where: str, lang: str | None) -> list[str]:
 
 def spec_files(spec: CorpusSpec | TopicSpec, lang: str, where: str) -> list[str]:
     return list_files(spec.path.replace("{lang}", lang), where=where, lang=lang)
+
+
+def topic_files(spec: TopicSpec, lang: str, doc_lang: str, where: str) -> list[str]:
+    """The topic files of `spec` in `lang` for one document language (`{doc_lang}` in the
+    path: CIRAL has a topic file per document language)."""
+    spec = spec.model_copy(update={"path": spec.path.replace("{doc_lang}", doc_lang)})
+    return spec_files(spec, lang, where)
 
 
 def _open(path: str, *, random_access: bool = False):
@@ -368,3 +376,41 @@ def read_queries(spec: TopicSpec, lang: str, files: list[str]):
 
 def _with_rid(batch: pa.Table, *, column: str) -> pa.Table:
     return batch.append_column(RID, batch[column])
+
+
+# ---------------------------------------------------------------------------------------
+# the translate stage's DT, as documents rows; documents rows as passage texts
+
+
+def translations_as_documents(batch: pa.Table) -> pa.Table:
+    """translations rows (DT) -> documents rows in the target language."""
+    n = batch.num_rows
+    title = batch["title"] if "title" in batch.column_names else pa.nulls(n, pa.string())
+    return pa.table({RID: batch["id"], "doc_id": batch["id"], "lang": batch["tgt_lang"],
+                     "title": title, "text": batch["text"], "error": batch["error"]})
+
+
+def read_translations(store: RunStore, cell: Cell, needed_by: str):
+    """A Ray Dataset of a committed translate cell's rows (`_rid` = id)."""
+    import ray.data
+
+    from xling.core.status import require_done
+
+    manifest = require_done(store, cell, needed_by)
+    files = [store.fs_path(f"{cell.dir}/{f}") for f in manifest["files"]]
+    return ray.data.read_parquet(files, filesystem=store.fs, shuffle=None).map_batches(
+        functools.partial(_with_rid, column="id"), batch_format="pyarrow")
+
+
+def passage_texts(docs: list, wanted: set[str]) -> dict[str, str]:
+    """doc_id -> passage text (title, newline, text, as indexed) of the wanted ids, from Ray
+    Datasets of documents rows."""
+    out = {}
+    for ds in docs:
+        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=4096):
+            keep = batch.filter(pc.is_in(batch["doc_id"], pa.array(sorted(wanted), pa.string())))
+            for d, title, text in zip(keep["doc_id"].to_pylist(), keep["title"].to_pylist(),
+                                      keep["text"].to_pylist()):
+                if text is not None:
+                    out[d] = f"{title}\n{text}" if title else text
+    return out

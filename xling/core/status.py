@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 TABLE = "_table.md"  # the cell's markdown table (the report prints it)
 ITEMS = "_items.parquet"  # a study's per-item scores
 PLOTS = "_plots"  # a study's figures, `_plots/<name>.png`
+SELECTIONS = "_selections.parquet"  # a narrow cell's ranked sentences (the study reads them)
+# An index cell's Lucene index, a folder that is complete once its marker is written (index
+# writes it, retrieve's searchers fetch it).
+INDEX_DIR = "lucene/index"
+LUCENE_MARKER = "_xling_lucene.json"
 
 
 def part_files(store: RunStore, rel_dir: str) -> list[str]:

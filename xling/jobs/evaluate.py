@@ -40,17 +40,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
+from xling.core import upstream
 from xling.core.config import ConfigError, NoHash, Strict, hashable
 from xling.core.cells import Cell, DriverStage
 from xling.core.status import TABLE, read_cell, read_rows
 from xling.core.store import RunStore
-from xling.jobs.features import FeaturesStage
-from xling.jobs.generate import study_generations
-from xling.jobs.judge import JudgeStage
-from xling.jobs.nuggets import NuggetStage, nugget_results
-from xling.jobs.study import study_of
-from xling.studies.base import Evidence, Generative, Judged, Ranked
+from xling.jobs.study import study_generations, study_of
+from xling.studies.base import Evidence, Generative, Judged, Ranked, judge_scope
 from xling.studies.registry import get_study
+from xling.tasks.nugget_report import NUGGET_COLUMNS, nugget_results
 from xling.tasks.tables import fmt
 
 if TYPE_CHECKING:
@@ -156,8 +154,6 @@ def _qrels_path(template: str, qlang: str, doc_lang: str) -> str:
 
 
 def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
-    from xling.jobs.retrieve import first_stage_cells, fusion_cells
-
     if cfg.retrieve is None and cfg.study is None:
         raise ConfigError("evaluate scores the retrieve stage's runs or a study's generations: "
                           "add a `retrieve:` or a `study:` section")
@@ -169,16 +165,14 @@ def evaluate_cells(cfg: XlingConfig) -> list[Cell]:
     if cfg.evaluate.tables:
         table_pairs(cfg)  # a table naming a pair no topic set searches fails here, early
     groups: dict[tuple, dict[str, str]] = {}
-    for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]:
+    for c in upstream.cells(cfg, "retrieve"):
         groups.setdefault((c.key["topics"], c.key["qlang"], c.key["doc_lang"]), {})[
             c.key["run"]] = c.id
     ec = cfg.evaluate
     reranked: dict[tuple, dict[str, dict]] = {}
     if cfg.rerank is not None and any(r.input for r in cfg.rerank.runs):
-        from xling.jobs.rerank import rerank_cells
-
         inputs_of = {r.name: r.input for r in cfg.rerank.runs}
-        for c in rerank_cells(cfg):
+        for c in upstream.cells(cfg, "rerank"):
             if "input" in c.params:
                 reranked.setdefault((c.key["topics"], c.key["qlang"], c.key["doc_lang"]), {})[
                     c.key["run"]] = {"cell": c.id, "input": inputs_of[c.key["run"]]}
@@ -212,19 +206,19 @@ def study_evaluate_cell(cfg: XlingConfig) -> Cell:
     study = get_study(cfg.study.task)
     ran = cfg.generate is not None and bool(study.prompt_sets(cfg.study.options))
     gens = [c.dir for c in study_generations(cfg)] if ran else []
-    judged = [c.dir for c in JudgeStage().cells(cfg)] if ran and cfg.judge else []
-    scored = [c.dir for c in FeaturesStage().cells(cfg)] if ran and cfg.features else []
+    judged = [c.dir for c in upstream.cells(cfg, "judge")] if ran else []
+    scored = [c.dir for c in upstream.cells(cfg, "features")] if ran else []
     files = study.input_files(cfg.study.options) if not gens else []
     labels = cfg.evaluate.labels
     params = {"generations": gens, "judgments": judged, "options": cfg.study.options,
               "language_check": bool(cfg.judge and cfg.judge.language_check
-                                     and JudgeStage().scope(cfg) == "generation"),
+                                     and judge_scope(study) == "generation"),
               "labels": labels}
     if scored:
         params["features"] = scored
     # the nuggets stage's assign cells: their scores go beside the study's own metrics
-    nuggets = ([c.dir for c in NuggetStage().assign_stage().cells(cfg)]
-               if ran and cfg.nuggets else [])
+    nuggets = ([c.dir for c in upstream.cells(cfg, "nuggets") if c.key["step"] == "assign"]
+               if ran else [])
     if nuggets:
         params["nuggets"] = nuggets
     return Cell("evaluate", {"study": cfg.study.task}, params,
@@ -292,7 +286,8 @@ def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) 
     rendered = study.render(opts, items, metrics)
     nuggets = None
     if cell.params.get("nuggets"):
-        more, md, nugget_items = nugget_results(store, cell.params["nuggets"])
+        more, md, nugget_items = nugget_results(read_rows(
+            store, cell.params["nuggets"], NUGGET_COLUMNS, "evaluate (nuggets)"))
         metrics = [*metrics, *more]
         rendered.markdown = f"{rendered.markdown.rstrip()}\n\n{md}"
         store.write_parquet(f"{cell.dir}/_nuggets.parquet", pa.Table.from_pylist(
@@ -354,12 +349,10 @@ def _read_qrels(path: str) -> pa.Table:
 
 def _collection_ids(cfg: XlingConfig, store: RunStore, cell: Cell) -> set[str] | None:
     """Doc ids of the collection the cell's systems searched (None when unknown)."""
-    from xling.jobs.retrieve import run_cells
-
     ids: set[str] = set()
-    for rc in run_cells(cfg):
+    for rc in upstream.cells(cfg, "retrieve"):
         if rc.id in cell.params["systems"].values():
-            for index_id in rc.params["indexes"].values():  # searches, not imports
+            for index_id in rc.params.get("indexes", {}).values():  # searches, not imports
                 try:
                     t = read_cell(store, f"index/{index_id}", columns=["doc_id"])
                 except FileNotFoundError:

@@ -33,8 +33,7 @@ from xling.core.pools import LIGHT_CPUS, actor_pool, pool_resources
 from xling.core.cells import CELL, RID, Cell, Stage
 from xling.core.status import part_files, read_rows
 from xling.core.store import RunStore
-from xling.jobs.generate import study_generations
-from xling.jobs.study import study_of
+from xling.jobs.study import study_generations, study_of
 from xling.studies.base import Featured
 from xling.studies.registry import get_study
 

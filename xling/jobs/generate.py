@@ -160,8 +160,3 @@ class GenerateStage(LLMStage):
             "truncated": int(pc.sum(pc.is_valid(t["truncated_from"])).as_py() or 0),
             "prompt_tokens": int(pc.sum(t["n_prompt_tokens"]).as_py() or 0),
             "output_tokens": int(pc.sum(t["n_output_tokens"]).as_py() or 0)}}
-
-
-def study_generations(cfg: XlingConfig) -> list[Cell]:
-    """The generate cells of the study's prompt sets (what judge, features and evaluate read)."""
-    return [c for c in GenerateStage().cells(cfg) if "study" in c.params["prompts"]]

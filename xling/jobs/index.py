@@ -35,11 +35,12 @@ from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_la
 from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.models import resolve_model
 from xling.core.pools import LIGHT_CPUS, actor_pool, pool_args, pool_resources
-from xling.core.cells import CELL, RID, SHARD, Cell, Source, Stage, StageFailed, now
-from xling.core.status import part_files, require_done
-from xling.core.sources import CorpusSpec, documents_source, spec_files
+from xling.core.cells import CELL, SHARD, Cell, Source, Stage, StageFailed, now
+from xling.core import upstream
+from xling.core.status import INDEX_DIR, LUCENE_MARKER, part_files
+from xling.core.sources import (CorpusSpec, documents_source, read_translations, spec_files,
+                                translations_as_documents)
 from xling.core.store import RunStore
-from xling.jobs.translate import translate_cell
 from xling.tasks.languages import get_language
 
 if TYPE_CHECKING:
@@ -175,10 +176,6 @@ class IndexConfig(Strict):
 
 
 
-LUCENE_MARKER = "_xling_lucene.json"
-INDEX_DIR = "lucene/index"
-
-
 def analyzer_for(lang: str) -> tuple[str, bool]:
     """(Anserini analyzer language, fell back to the standard analyzer?) for a language."""
     from xling.actors.lucene import ANALYZED, STANDARD, WHITESPACE
@@ -223,7 +220,7 @@ def index_cells(cfg: XlingConfig) -> list[Cell]:
                     if text_lang == lang:
                         inputs = spec_files(col, lang, f"index.collections[{i}]")
                     else:
-                        dt = translate_cell(cfg, "doc", col.name, lang, text_lang)
+                        dt = upstream.translation(cfg, "doc", col.name, lang, text_lang)
                         params["translation"] = dt.id
                         inputs = [f"{dt.stage}/{dt.id}"]
                     if engine == "bm25":
@@ -232,15 +229,6 @@ def index_cells(cfg: XlingConfig) -> list[Cell]:
                                                 "text_lang": text_lang, "engine": engine},
                                       params, inputs=inputs, n_shards=ic.shards))
     return cells
-
-
-def find_index(cfg: XlingConfig, collection: str, lang: str, text_lang: str,
-               engine: str) -> Cell:
-    want = {"collection": collection, "lang": lang, "text_lang": text_lang, "engine": engine}
-    for cell in index_cells(cfg):
-        if cell.key == want:
-            return cell
-    raise StageFailed(f"no index cell {want} in the config's index section")
 
 
 class IndexStage(Stage):
@@ -271,9 +259,7 @@ class IndexStage(Stage):
             require_thai_segmentation(thai)
 
     def read(self, cell: Cell, cfg: XlingConfig):
-        source = self.source(cell, cfg)
-        ds = source.read()
-        return ds.map_batches(source.adapt, batch_format="pyarrow") if source.adapt else ds
+        return _documents(self.source(cell, cfg))
 
     def source(self, cell: Cell, cfg: XlingConfig) -> Source:
         """Original documents share their partition with ingest and translate; DT documents
@@ -282,18 +268,19 @@ class IndexStage(Stage):
         col = _collection(cfg, cell.key["collection"])
         if "translation" not in cell.params:
             return documents_source(col, cell.key["lang"], cell.inputs)
-        store, upstream = RunStore(cfg.run_root), _translate_of(cfg, cell)
+        dt = upstream.cell(cfg, "translate", cell.params["translation"])
+        return _translated_source(cfg, dt, f"index cell {cell.id}")
 
-        def read():
-            import ray.data
-
-            manifest = require_done(store, upstream, f"index cell {cell.id}")
-            files = [store.fs_path(f"{upstream.dir}/{f}") for f in manifest["files"]]
-            ds = ray.data.read_parquet(files, filesystem=store.fs, shuffle=None)
-            return ds.map_batches(_with_rid, batch_format="pyarrow")
-
-        return Source({"cell": upstream.dir}, read, adapt=_translations_as_documents,
-                      cell=upstream.dir)
+    def documents(self, cfg: XlingConfig, collection: str, lang: str, text_lang: str):
+        """The documents rows of a collection in `lang`, originals (text_lang = lang) or DT,
+        read as a cell of them is, whether or not one is planned (core/upstream.py:
+        rerank's and a study's passage texts)."""
+        col = _collection(cfg, collection)
+        if text_lang == lang:
+            where = f"index.collections ('{collection}')"
+            return _documents(documents_source(col, lang, spec_files(col, lang, where)))
+        dt = upstream.translation(cfg, "doc", collection, lang, text_lang)
+        return _documents(_translated_source(cfg, dt, f"the {text_lang} texts of {collection}"))
 
     def engines(self, cfg: XlingConfig) -> list:
         cells = [c for c in self.cells(cfg) if c.key["engine"] == "dense"]
@@ -369,21 +356,16 @@ def _collection(cfg: XlingConfig, name: str) -> IndexCollection:
     return next(c for c in cfg.index.collections if c.name == name)
 
 
-def _translate_of(cfg: XlingConfig, cell: Cell) -> Cell:
-    return translate_cell(cfg, "doc", cell.key["collection"], cell.key["lang"],
-                          cell.key["text_lang"])
+def _translated_source(cfg: XlingConfig, dt: Cell, needed_by: str) -> Source:
+    """A translate cell's committed DT as a source of documents rows."""
+    store = RunStore(cfg.run_root)
+    return Source({"cell": dt.dir}, lambda: read_translations(store, dt, needed_by),
+                  adapt=translations_as_documents, cell=dt.dir)
 
 
-def _with_rid(batch: pa.Table) -> pa.Table:
-    return batch.append_column(RID, batch["id"])
-
-
-def _translations_as_documents(batch: pa.Table) -> pa.Table:
-    """translations rows (DT) -> documents rows in the target language."""
-    n = batch.num_rows
-    title = batch["title"] if "title" in batch.column_names else pa.nulls(n, pa.string())
-    return pa.table({RID: batch["id"], "doc_id": batch["id"], "lang": batch["tgt_lang"],
-                     "title": title, "text": batch["text"], "error": batch["error"]})
+def _documents(source: Source):
+    ds = source.read()
+    return ds.map_batches(source.adapt, batch_format="pyarrow") if source.adapt else ds
 
 
 def _contents(batch: pa.Table, *, fields: str, by_length: bool = False) -> pa.Table:

@@ -39,8 +39,7 @@ from xling.core.llm import (
 from xling.core.cells import CELL, RID, Cell
 from xling.core.status import part_files, read_rows
 from xling.core.store import RunStore
-from xling.jobs.generate import study_generations
-from xling.jobs.study import study_of
+from xling.jobs.study import study_generations, study_of
 from xling.studies.base import Judged, PairJudged, judge_scope
 from xling.tasks.prompts import built_prompt_table
 

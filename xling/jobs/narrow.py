@@ -35,7 +35,7 @@ from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.models import resolve_model
 from xling.core.pools import pool_args, pool_resources
 from xling.core.cells import RID, Cell, Stage
-from xling.core.status import part_files
+from xling.core.status import SELECTIONS, part_files
 from xling.core.store import RunStore
 from xling.core.vectors import StoreEmbedder, cache_dir, vector_matrix
 from xling.studies.base import Narrowed
@@ -63,9 +63,6 @@ class NarrowConfig(Strict):
     # A call of 1,024 sentences: FlagEmbedding runs each call's first forward batch twice (an
     # out-of-memory probe) and sorts by length only within a call, so small calls pay both.
     parallel: Parallelism = NoHash(Parallelism(batch_size=1024))
-
-
-SELECTIONS = "_selections.parquet"  # beside the part files; "_" keeps it out of dataset reads
 
 
 def _study(cfg: XlingConfig) -> Narrowed:
@@ -183,16 +180,3 @@ class NarrowStage(Stage):
             "hit_at_k": hits,
             "selection": study.selection_summary(opts, selections),
             "cache_dir": cache_dir(cfg.narrow.model, vector_settings(cfg.narrow), clang)}}
-
-
-def narrow_cell(cfg: XlingConfig, clang: str) -> Cell:
-    return next(c for c in NarrowStage().cells(cfg) if c.key["lang"] == clang)
-
-
-def read_selections(store: RunStore, cell: Cell) -> dict[tuple[str, str], dict]:
-    """(context_id, query language) -> selection row of a committed narrow cell."""
-    from xling.core.status import require_done
-
-    require_done(store, cell, "the study's narrowed prompts")
-    t = store.read_parquet(f"{cell.dir}/{SELECTIONS}")
-    return {(r["context_id"], r["qlang"]): r for r in t.to_pylist() if not r["error"]}

@@ -47,14 +47,17 @@ from xling.core.llm import (
     sampling_of,
 )
 from xling.core.pools import actor_pool, pool_resources
+from xling.core import upstream
 from xling.core.config import ConfigError
 from xling.core.engines import spec_classes
 from xling.core.hosts import shared_hosts
 from xling.core.cells import RID, Cell, StageFailed
 from xling.core.status import part_files, read_cell
-from xling.core.sources import CorpusSpec, TopicSpec, read_documents, read_queries, spec_files
+from xling.core.runs import RunStage, export_trec, searched_collections
+from xling.core.sources import (CorpusSpec, TopicSpec, passage_texts, read_documents,
+                                read_queries, read_translations, spec_files, topic_files,
+                                translations_as_documents)
 from xling.core.store import RunStore
-from xling.jobs.retrieve import RunStage
 from xling.tasks.rerank import (DECODER_PREFIX, PASSAGE_PREFIX, Candidates, fit_listwise,
                                 listwise_rerank, pairwise_prompt, pairwise_rerank, parse_choice,
                                 parse_decoded_passage, parse_passage_token)
@@ -213,11 +216,7 @@ def default_sampling(run: RerankRun, spec) -> SamplingSpec:
 
 def rerank_cells(cfg: XlingConfig) -> list[Cell]:
     rc = cfg.rerank
-    upstream = []
-    if any(r.input for r in rc.runs):
-        from xling.jobs.retrieve import first_stage_cells, fusion_cells
-
-        upstream = [*first_stage_cells(cfg), *fusion_cells(cfg)]
+    runs = upstream.cells(cfg, "retrieve") if any(r.input for r in rc.runs) else []
     cells = []
     for run in rc.runs:
         spec = rc.model_of(run)
@@ -237,7 +236,7 @@ def rerank_cells(cfg: XlingConfig) -> list[Cell]:
             cells.append(Cell("rerank", {"run": run.name}, {**params, "trec": run.trec},
                               inputs=[run.trec, *dt], n_shards=rc.shards))
             continue
-        for up in upstream:
+        for up in runs:
             if up.key["run"] == run.input:
                 inputs = [up.dir]
                 if run.texts == "dt" and up.key["qlang"] != up.key["doc_lang"]:
@@ -250,12 +249,11 @@ def rerank_cells(cfg: XlingConfig) -> list[Cell]:
 
 def _dt_cells(cfg: XlingConfig, up: Cell, name: str) -> list[Cell]:
     """The translate cells that hold the DT texts of a retrieve cell's collections."""
-    from xling.jobs.translate import translate_cell
-
     out = []
-    for col in _collections(cfg, up):
+    for col in searched_collections(cfg, up):
         try:
-            out.append(translate_cell(cfg, "doc", col, up.key["doc_lang"], up.key["qlang"]))
+            out.append(upstream.translation(cfg, "doc", col, up.key["doc_lang"],
+                                            up.key["qlang"]))
         except StageFailed:
             raise ConfigError(
                 f"rerank run '{name}': texts: dt reads the translate stage's translation of "
@@ -269,8 +267,6 @@ def _trec_dt_cells(cfg: XlingConfig, run: RerankRun) -> list[Cell]:
     """The translate cells holding the DT texts of a `trec` input's corpus: each corpus
     language translated into the query language, by the translate.documents entry
     `translations` (default: the corpus's name)."""
-    from xling.jobs.translate import translate_cell
-
     source, qlang = run.translations or run.corpus.name, run.topics.langs[0]
     fix = (f"add translate.documents entry '{source}' (the corpus's documents) with targets "
            f"[{qlang}], or name the entry that has them in the run's `translations:`")
@@ -283,7 +279,7 @@ def _trec_dt_cells(cfg: XlingConfig, run: RerankRun) -> list[Cell]:
         if lang == qlang:
             continue  # documents already in the query language are their own DT
         try:
-            out.append(translate_cell(cfg, "doc", source, lang, qlang))
+            out.append(upstream.translation(cfg, "doc", source, lang, qlang))
         except StageFailed:
             raise ConfigError(f"rerank run '{run.name}': texts: dt needs the translation of "
                               f"'{source}' {lang}->{qlang}, which the config does not make: "
@@ -295,31 +291,14 @@ def _trec_texts(cfg: XlingConfig, run: RerankRun, store: RunStore) -> list:
     """The passages of a `trec` input as Ray Datasets of documents rows: the corpus (texts
     og / index), or for dt its translations into the query language, looked up by doc id
     (a corpus language that is the query language is read as it is)."""
-    import ray.data
-
-    from xling.core.status import require_done
-    from xling.jobs.index import _translations_as_documents
-
     qlang = run.topics.langs[0]
     docs = [read_documents(run.corpus, l, spec_files(run.corpus, l, "rerank.corpus"))
             for l in run.corpus.langs if run.texts != "dt" or l == qlang]
     if run.texts == "dt":
         for dt in _trec_dt_cells(cfg, run):
-            manifest = require_done(store, dt, f"rerank run '{run.name}' (texts: dt)")
-            files = [store.fs_path(f"{dt.dir}/{f}") for f in manifest["files"]]
-            docs.append(ray.data.read_parquet(files, filesystem=store.fs, shuffle=None)
-                        .map_batches(_translations_as_documents, batch_format="pyarrow"))
+            docs.append(read_translations(store, dt, f"rerank run '{run.name}' (texts: dt)")
+                        .map_batches(translations_as_documents, batch_format="pyarrow"))
     return docs
-
-
-def _collections(cfg: XlingConfig, up: Cell) -> list[str]:
-    """The index collections a retrieve run or fusion cell searched."""
-    if "fusion" in up.params:
-        names = up.params["fusion"]["runs"]
-    else:
-        names = [up.key["run"]]
-    return sorted({r.collection_for(up.key["doc_lang"]) for r in cfg.retrieve.runs
-                   if r.name in names})
 
 
 class RerankStage(RunStage):
@@ -361,7 +340,7 @@ class RerankStage(RunStage):
             hits = hits.filter(pc.and_(pc.is_null(hits["error"]), pc.is_valid(hits["doc_id"])))
             queries, docs = _retrieve_sources(cfg, cell, run.texts)
         hits = hits.sort_by([("query_id", "ascending"), ("rank", "ascending")])
-        texts = _texts(docs, set(hits["doc_id"].to_pylist()), cfg)
+        texts = passage_texts(docs, set(hits["doc_id"].to_pylist()))
         qtext = {r["query_id"]: r["text"] for r in queries.take_all() if r.get("error") is None}
         rows: dict[str, dict] = {}
         for q in sorted(qtext):  # every query of the topics, hits or not
@@ -432,8 +411,6 @@ class RerankStage(RunStage):
         return rc.model_of(next(r for r in rc.runs if r.name == cells[0].key["run"]))
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
-        from xling.jobs.retrieve import export_trec
-
         export_trec(store, cell)
         files = part_files(store, cell.dir)
         t = store.read_parquet(files).filter(pc.equal(pc.field("rank"), 1))
@@ -459,56 +436,24 @@ def _retrieve_sources(cfg: XlingConfig, cell: Cell, texts: str = "index"):
     """Queries and the passage texts: those of the index the input run searched (`index`;
     an imported run's: its collection's originals), the original documents (`og`), or their
     translations into the query language (`dt`)."""
-    from xling.jobs.index import IndexStage
-    from xling.jobs.retrieve import _index_cell, first_stage_cells, fusion_cells, topic_files
-
-    by_dir = {c.dir: c for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]}
-    up = by_dir[cell.params["input"]]
-    leaves = [by_dir[d] for d in up.inputs] if "fusion" in up.params else [up]
+    up = upstream.at(cfg, cell.params["input"])
+    leaves = [upstream.at(cfg, d) for d in up.inputs] if "fusion" in up.params else [up]
     ts = next(t for t in cfg.retrieve.topics if t.name == up.key["topics"])
     ql, dl = up.key["qlang"], up.key["doc_lang"]
     queries = read_queries(ts, ql, topic_files(ts, ql, dl, "retrieve.topics"))
     if texts == "index":
         index_ids = {i for leaf in leaves for i in leaf.params.get("indexes", {}).values()}
-        docs = [IndexStage().read(_index_cell(cfg, i), cfg) for i in sorted(index_ids)]
+        indexed = [upstream.cell(cfg, "index", i).key for i in sorted(index_ids)]
+        docs = [upstream.documents(cfg, k["collection"], k["lang"], k["text_lang"])
+                for k in indexed]
         imported = sorted({leaf.params["run"]["collection"].replace("{doc_lang}", dl)
                            for leaf in leaves if "trec" in leaf.params})
-        docs += [text_documents(cfg, col, dl, dl) for col in imported]
+        docs += [upstream.documents(cfg, col, dl, dl) for col in imported]
     else:
         text_lang = dl if texts == "og" else ql
-        docs = [text_documents(cfg, col, dl, text_lang) for col in _collections(cfg, up)]
+        docs = [upstream.documents(cfg, col, dl, text_lang)
+                for col in searched_collections(cfg, up)]
     return queries, docs
-
-
-def text_documents(cfg: XlingConfig, collection: str, lang: str, text_lang: str):
-    """The documents of an index collection in `lang`, as a Ray Dataset of documents rows:
-    the originals (text_lang = lang) or the translate stage's DT into text_lang. Read as the
-    index stage reads them, whether or not an index of those texts was built."""
-    from xling.jobs.index import IndexStage, _collection
-    from xling.jobs.translate import translate_cell
-
-    key = {"collection": collection, "lang": lang, "text_lang": text_lang, "engine": "texts"}
-    if text_lang == lang:
-        col = _collection(cfg, collection)
-        where = f"index.collections ('{collection}')"
-        cell = Cell("index", key, {}, inputs=spec_files(col, lang, where))
-    else:
-        dt = translate_cell(cfg, "doc", collection, lang, text_lang)
-        cell = Cell("index", key, {"translation": dt.id}, inputs=[dt.dir])
-    return IndexStage().read(cell, cfg)
-
-
-def _texts(docs: list, wanted: set[str], cfg: XlingConfig) -> dict[str, str]:
-    """doc_id -> passage text (title, newline, text, as indexed) for the wanted ids."""
-    out = {}
-    for ds in docs:
-        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=4096):
-            keep = batch.filter(pc.is_in(batch["doc_id"], pa.array(sorted(wanted), pa.string())))
-            for d, title, text in zip(keep["doc_id"].to_pylist(), keep["title"].to_pylist(),
-                                      keep["text"].to_pylist()):
-                if text is not None:
-                    out[d] = f"{title}\n{text}" if title else text
-    return out
 
 
 class LLMReranker(StoreLLM):

@@ -34,14 +34,12 @@ from pydantic import Field, field_validator, model_validator
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.hosts import embedder_of, shared_hosts
 from xling.core.pools import LIGHT_CPUS, pool_args
-from xling.core.cells import RID, Cell, Stage, StageFailed
-from xling.core.commit import part_exports
-from xling.core.status import part_files, part_stats, require_done
-from xling.core.sources import TopicSpec, read_queries, spec_files
+from xling.core import upstream
+from xling.core.cells import RID, Cell, StageFailed
+from xling.core.runs import RunStage, export_trec
+from xling.core.status import INDEX_DIR, LUCENE_MARKER, require_done
+from xling.core.sources import TopicSpec, read_queries, topic_files
 from xling.core.store import RunStore
-from xling.jobs.index import INDEX_DIR, LUCENE_MARKER, find_index
-from xling.jobs.translate import translate_cell
-from xling.tasks.runs import hit_counts, hits_trec_bytes
 
 if TYPE_CHECKING:
     from xling.config import XlingConfig
@@ -171,14 +169,6 @@ class RetrieveConfig(Strict):
 
 
 MULTI = "multi"  # doc_lang key of the BordIRLines modes: partitions are chosen per query
-HITS = pa.schema([("query_id", pa.string()), ("lang", pa.string()), ("doc_id", pa.string()),
-                  ("rank", pa.int32()), ("score", pa.float64()), ("doc_lang", pa.string()),
-                  ("system", pa.string()), ("error", pa.string())])
-
-
-def topic_files(ts: TopicSet, qlang: str, doc_lang: str, where: str) -> list[str]:
-    spec = ts.model_copy(update={"path": ts.path.replace("{doc_lang}", doc_lang)})
-    return spec_files(spec, qlang, where)
 
 
 def partitions(mode: str, qlang: str, rel_langs: list[str] | None) -> list[str]:
@@ -212,11 +202,11 @@ def run_cells(cfg: XlingConfig) -> list[Cell]:
                                if c.name == run.collection_for(dl))
                     where = f"retrieve.topics[{ti}]"
                     if bordir:
-                        indexes = {l: find_index(cfg, col.name, l, l, run.engine).id
+                        indexes = {l: _index(cfg, col.name, l, l, run.engine).id
                                    for l in col.langs}
                     else:
                         text_lang = ql if run.mode == "dt" else dl
-                        indexes = {dl: find_index(cfg, col.name, dl, text_lang, run.engine).id}
+                        indexes = {dl: _index(cfg, col.name, dl, text_lang, run.engine).id}
                     params = {"topics": {**topics, "path": ts.path.replace("{doc_lang}", dl)},
                               "qlang": ql, "doc_lang": dl, "depth": rc.depth,
                               "run": hashable(run), "indexes": indexes}
@@ -267,21 +257,15 @@ def first_stage_cells(cfg: XlingConfig) -> list[Cell]:
     return [*run_cells(cfg), *import_cells(cfg)]
 
 
+def _index(cfg: XlingConfig, collection: str, lang: str, text_lang: str, engine: str) -> Cell:
+    """The index cell a search reads."""
+    return upstream.find(cfg, "index", collection=collection, lang=lang, text_lang=text_lang,
+                         engine=engine)
+
+
 def _qt_cell(cfg: XlingConfig, ts: TopicSet, ql: str, dl: str) -> Cell:
     name = (ts.translations or ts.name).replace("{doc_lang}", dl)
-    return translate_cell(cfg, "query", name, ql, dl)
-
-
-TREC_PART = (".trec", hits_trec_bytes)  # each part's TREC run, made by its commit task
-
-
-class RunStage(Stage):
-    """A stage whose cells are runs (hits rows, by query): retrieve's searches, imports and
-    fusions, and rerank. Each part's TREC run and hit counts are made as it commits."""
-
-    id_column = "query_id"
-    part_export = TREC_PART
-    part_counts = staticmethod(hit_counts)
+    return upstream.translation(cfg, "query", name, ql, dl)
 
 
 class RetrieveStage(RunStage):
@@ -314,7 +298,7 @@ class RetrieveStage(RunStage):
         ql, dl = cell.key["qlang"], cell.key["doc_lang"]
         located = {}
         for lang, idx in cell.params["indexes"].items():
-            icell = _index_cell(cfg, idx)
+            icell = upstream.cell(cfg, "index", idx)
             manifest = require_done(store, icell, f"retrieve cell {cell.id}")
             if run.engine == "bm25":
                 located[lang] = (f"{icell.dir}/{INDEX_DIR}", manifest["analyzer"])
@@ -397,27 +381,6 @@ def query_batch(cfg: XlingConfig, engine: str) -> int:
         return BM25_QUERIES_PER_CALL
     encode = cfg.index.dense.encode_batch_size
     return max(encode, min(2048, DENSE_HITS_PER_CALL // rc.depth))
-
-
-def _index_cell(cfg: XlingConfig, cell_id: str) -> Cell:
-    from xling.jobs.index import index_cells
-
-    return next(c for c in index_cells(cfg) if c.id == cell_id)
-
-
-def export_trec(store: RunStore, cell: Cell) -> dict:
-    """Write the cell's hits as a TREC run file (`run.trec`), the format other tools read:
-    the parts' runs, each formatted as its part was committed (`TREC_PART`), joined. A
-    query's hits are all in one part, so the join is the run of all the parts at once."""
-    data = part_exports(store, cell.dir, cell.n_shards, TREC_PART[0])
-    counts = part_stats(store, cell.dir)
-    if data is None or counts is None:  # parts committed by an xling that made neither
-        files = part_files(store, cell.dir)
-        table = store.read_parquet(files) if files else HITS.empty_table()
-        data, counts = hits_trec_bytes(table), hit_counts(table)
-    store.write_bytes(f"{cell.dir}/run.trec", data)
-    store.delete_tree(f"{cell.dir}/_exports")
-    return {"trec_run": "run.trec", **counts}
 
 
 def _translated_queries(batch: pa.Table) -> pa.Table:

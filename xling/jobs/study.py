@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Literal
 import pyarrow as pa
 from pydantic import Field, model_validator
 
+from xling.core import upstream
 from xling.core.config import ConfigError, Strict
 from xling.core.cells import Cell
-from xling.core.status import read_rows, require_done
+from xling.core.runs import searched_collections
+from xling.core.sources import passage_texts
+from xling.core.status import SELECTIONS, read_rows, require_done
 from xling.core.store import RunStore
-from xling.jobs.narrow import NarrowStage, narrow_cell, read_selections
-from xling.jobs.translate import TranslateStage, translate_cell
 from xling.studies.base import (Generative, Narrowed, Retrieving, Study, StudyInputs,
                                 Translated)
 from xling.studies.registry import NAMES, get_study
@@ -100,7 +101,7 @@ def prompt_sets(cfg: XlingConfig) -> list[dict]:
             try:
                 if cfg.translate is None:
                     raise StageFailed("no translate section")
-                ps["translation"] = translate_cell(cfg, "doc", source, lang, "en").id
+                ps["translation"] = upstream.translation(cfg, "doc", source, lang, "en").id
             except StageFailed:
                 raise ConfigError(
                     f"study setting '{setting}' ({lang}) reads the {lang} articles "
@@ -108,7 +109,8 @@ def prompt_sets(cfg: XlingConfig) -> list[dict]:
                     f"'{source}' (format: {cfg.study.task}) with langs including {lang} "
                     "and targets [en]") from None
         if isinstance(study, Narrowed) and study.needs_selection(setting):
-            ps["selection"] = narrow_cell(cfg, study.selection_lang(lang)).id
+            ps["selection"] = upstream.find(cfg, "narrow", study=cfg.study.task,
+                                            lang=study.selection_lang(lang)).id
         if isinstance(study, Retrieving):
             ps["retrieved"] = [c.id for c in retrieval_cells(cfg, study.retrieval(opts))]
         out.append(ps)
@@ -127,7 +129,7 @@ def translations(cfg: XlingConfig, store: RunStore, cell_id: str
 
     from xling.core.status import read_cell
 
-    cell = next(c for c in TranslateStage().cells(cfg) if c.id == cell_id)
+    cell = upstream.cell(cfg, "translate", cell_id)
     require_done(store, cell, "the study's prompts")
     spec = next((s for s in cfg.translate.documents if s.name == cell.key["source"]), None)
     flagged = ((spec.lang_check if spec is not None else None) or cfg.translate.lang_check) \
@@ -151,22 +153,33 @@ def prompt_rows(cfg: XlingConfig, ps: dict) -> pa.Table:
         inputs.translations, inputs.translation_flags = translations(cfg, store,
                                                                      ps["translation"])
     if "selection" in ps:
-        cell = next(c for c in NarrowStage().cells(cfg) if c.id == ps["selection"])
-        inputs.selections = read_selections(store, cell)
+        inputs.selections = read_selections(store, upstream.cell(cfg, "narrow",
+                                                                 ps["selection"]))
     if "retrieved" in ps:
         inputs.retrieved = retrieved_documents(cfg, study_of(cfg).retrieval(ps["options"]))
     rows = study_of(cfg).build_prompts(ps["options"], ps["setting"], ps["lang"], inputs=inputs)
     return built_prompt_table(rows, where=f"{ps['setting']}.{ps['lang']}")
 
 
+def read_selections(store: RunStore, cell: Cell) -> dict[tuple[str, str], dict]:
+    """(context_id, query language) -> selection row of a committed narrow cell."""
+    require_done(store, cell, "the study's narrowed prompts")
+    t = store.read_parquet(f"{cell.dir}/{SELECTIONS}")
+    return {(r["context_id"], r["qlang"]): r for r in t.to_pylist() if not r["error"]}
+
+
+def study_generations(cfg: XlingConfig) -> list[Cell]:
+    """The generate cells of the study's prompt sets (what judge, features, nuggets and
+    evaluate read)."""
+    return [c for c in upstream.cells(cfg, "generate") if "study" in c.params["prompts"]]
+
+
 def retrieval_cells(cfg: XlingConfig, spec: dict) -> list[Cell]:
     """The retrieve (or fusion) cells of a `Retrieving` study's run: one per doc language."""
-    from xling.jobs.retrieve import first_stage_cells, fusion_cells
-
     if cfg.retrieve is None:
         raise ConfigError(f"study '{cfg.study.task}' reads the hits of retrieve run "
                           f"'{spec['run']}': add a `retrieve:` section that makes it")
-    cells = [c for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]
+    cells = [c for c in upstream.cells(cfg, "retrieve")
              if c.key["run"] == spec["run"] and c.key["topics"] == spec["topics"]
              and c.key["qlang"] == spec["qlang"] and c.key["doc_lang"] in spec["doc_langs"]]
     missing = sorted(set(spec["doc_langs"]) - {c.key["doc_lang"] for c in cells})
@@ -184,11 +197,8 @@ def retrieved_documents(cfg: XlingConfig, spec: dict) -> dict[str, list[dict]]:
     import io
 
     from xling.core.sources import _open
-    from xling.jobs.rerank import _collections, _texts, text_documents
-    from xling.jobs.retrieve import first_stage_cells, fusion_cells
 
     store = RunStore(cfg.run_root)
-    by_dir = {c.dir: c for c in [*first_stage_cells(cfg), *fusion_cells(cfg)]}
     ts = next(t for t in cfg.retrieve.topics if t.name == spec["topics"])
     out: dict[str, list[dict]] = {}
     for cell in retrieval_cells(cfg, spec):
@@ -197,9 +207,10 @@ def retrieved_documents(cfg: XlingConfig, spec: dict) -> dict[str, list[dict]]:
                          f"study {cfg.study.task}")
         top = [h for h in hits if h["error"] is None and h["rank"] <= spec["k"]]
         text_lang = dl if spec["texts"] == "og" else spec["qlang"]
-        leaf = by_dir[cell.inputs[0]] if "fusion" in cell.params else cell
-        docs = [text_documents(cfg, col, dl, text_lang) for col in _collections(cfg, leaf)]
-        texts = _texts(docs, {h["doc_id"] for h in top}, cfg)
+        leaf = upstream.at(cfg, cell.inputs[0]) if "fusion" in cell.params else cell
+        docs = [upstream.documents(cfg, col, dl, text_lang)
+                for col in searched_collections(cfg, leaf)]
+        texts = passage_texts(docs, {h["doc_id"] for h in top})
         qrels = {}
         if ts.qrels:  # {lang} is the query language, as the evaluate stage reads it
             from xling.tasks.topics import iter_qrels

@@ -28,7 +28,7 @@ from xling.actors.translator import Translator
 from xling.core.config import ConfigError, NoHash, Parallelism, Strict, check_lang, hashable
 from xling.core.models import fetch_ct2_model, is_ct2_dir, prepare_ct2_model, resolve_model
 from xling.core.pools import actor_pool, pool_resources
-from xling.core.cells import RID, Cell, Source, Stage, StageFailed
+from xling.core.cells import RID, Cell, Source, Stage
 from xling.core.sources import (
     CorpusSpec,
     TopicSpec,
@@ -270,12 +270,3 @@ def _to_input(batch: pa.Table, *, kind: str) -> pa.Table:
     title = batch["title"] if kind == "doc" else pa.nulls(n, pa.string())
     return pa.table({RID: batch[RID], "id": ids, "kind": pa.array([kind] * n, pa.string()),
                      "title": title, "text": batch["text"], "error": batch["error"]})
-
-
-def translate_cell(cfg: XlingConfig, kind: str, source: str, src: str, tgt: str) -> Cell:
-    """The translate stage's cell that holds a DT or QT (config validation made sure of it)."""
-    for cell in TranslateStage().cells(cfg):
-        if cell.params["kind"] == kind and cell.key == {"source": source, "src": src, "tgt": tgt}:
-            return cell
-    raise StageFailed(f"the config's translate section has no {kind} translation "
-                      f"'{source}' {src}->{tgt}")
