@@ -42,8 +42,8 @@ class StudyConfig(Strict):
         description=f"the study: {' | '.join(NAMES)} (xling/studies/<task>/)")
     # the study's validated Options object (typed Any so that --help shows one line, not a
     # model without fields); dumped, and so hashed, as its `as_options` dict
-    options: Any = Field(default_factory=dict, description="the study's options (its Options "
-                                                           "model: xling/studies/<task>/options.py)")
+    options: Any = Field(default_factory=dict, description=(
+        "the study's options (its Options model: xling/studies/<task>/options.py)"))
 
     @field_serializer("options")
     def _options_dict(self, options: StudyOptions) -> dict:
@@ -56,8 +56,6 @@ class StudyConfig(Strict):
 
         if not isinstance(data, dict) or data.get("task") not in NAMES:
             return data  # the Literal reports the unknown task
-        if isinstance(data.get("options"), StudyOptions):
-            return data  # already validated (a model_copy, a re-validation)
         study = get_study(data["task"])
         try:
             options = study.validate_options(data.get("options"))

@@ -175,7 +175,8 @@ class Generative(Study):
         build keeps its error."""
 
     @abstractmethod
-    def score(self, opts: StudyOptions, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
+    def score(self, opts: StudyOptions, generations: Rows, evidence: Evidence
+              ) -> tuple[Rows, Rows]:
         """Generations (with judgments, features...) -> (items, metric rows)."""
 
     @abstractmethod
@@ -209,14 +210,18 @@ class Narrowed(Generative):
 
     @abstractmethod
     def narrow_options(self, opts: StudyOptions, lang: str) -> dict:
-        """The part of the options a narrow cell depends on (its hash); has `data`."""
+        """The part of the options the narrow cell of context language `lang` depends on:
+        its params' `options` (so its hash), with the `data` entries it reads. A part, not
+        an options dict to read back: `narrow_inputs` and `select` get the whole options."""
 
     @abstractmethod
     def narrow_inputs(self, opts: StudyOptions, lang: str) -> dict:
-        """{"sentences": {id: text}, "queries": {id: text}} to embed."""
+        """{"sentences": {id: text}, "queries": {id: text}} of context language `lang`, to
+        embed."""
 
     @abstractmethod
-    def select(self, opts: StudyOptions, lang: str, vectors: Mapping) -> Rows: ...
+    def select(self, opts: StudyOptions, lang: str, vectors: Mapping) -> Rows:
+        """The selections of context language `lang` from the stored vectors."""
 
     @abstractmethod
     def hits_at(self, selections: Sequence[Mapping], ks: Sequence[int]) -> dict[str, float]: ...
@@ -259,7 +264,8 @@ class Featured(Generative):
     def scorers(self, opts: StudyOptions) -> list[str]: ...
 
     @abstractmethod
-    def feature_inputs(self, opts: StudyOptions, scorer: str, lang: str, generations: Rows) -> Rows: ...
+    def feature_inputs(self, opts: StudyOptions, scorer: str, lang: str,
+                       generations: Rows) -> Rows: ...
 
     @abstractmethod
     def lexical_scores(self, opts: StudyOptions, rows: Rows) -> Rows: ...
@@ -316,7 +322,8 @@ class Cited(Generative):
         hash: a system added to the study must not change it)."""
 
     @abstractmethod
-    def nugget_topics(self, opts: StudyOptions, lang: str, inputs: StudyInputs | None = None) -> Rows:
+    def nugget_topics(self, opts: StudyOptions, lang: str,
+                      inputs: StudyInputs | None = None) -> Rows:
         """The language's topics: `topic_id`, `query`, `documents` ([{docid, title, text,
         judgment}], the documents the answers were given, in the given order; `judgment`
         the human relevance label, None where there is none), `error`."""
