@@ -123,7 +123,7 @@ def main() -> None:
         print(f"built {files[0]} in {time.perf_counter() - t:.1f} s")
     cross = get_study("cross")
     opts = cross.validate_options({"data": files, "query_langs": ["en"], "lengths": lengths})
-    clang = opts["context_langs"][0]
+    clang = opts.context_langs[0]
     t = time.perf_counter()
     got = cross.narrow_inputs(opts, clang)
     split_s = time.perf_counter() - t

@@ -25,6 +25,7 @@ from helpers import CROSS_CONFIG, manifests, narrow_cells, ok, ok_here
 from llm_server import LLMServer
 from xling.core.status import read_cell
 from xling.core.store import RunStore
+from xling.studies.registry import get_study
 
 # Its tests share module fixtures: one xdist worker runs them all (tests/conftest.py).
 pytestmark = pytest.mark.xdist_group("test_cross_study")
@@ -149,7 +150,7 @@ def test_top_k_is_exact_on_the_stored_vectors(run):
     for clang, m in narrow_cells(store).items():
         t = read_cell(store, m["dir"], columns=["_rid", "vector"]).to_pylist()
         vec = {r["_rid"].removeprefix("s:"): np.asarray(r["vector"], np.float32) for r in t}
-        o = m["params"]["options"]
+        o = get_study("cross").options_of(m["params"])  # the cell's language's options
         sels = selections(store, m)
         for ctx in load_contexts(o):
             split = context_split(ctx, splitter_for(o))

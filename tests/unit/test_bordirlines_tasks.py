@@ -28,7 +28,7 @@ from xling.studies.bordirlines.data import (
     load_queries,
 )
 from xling.studies.bordirlines.metrics import score
-from xling.studies.bordirlines.options import MODES
+from xling.studies.bordirlines.options import MODES, Options
 from xling.studies.bordirlines.parse import map_option, parse_citation, parse_direct, parser_for
 from xling.studies.bordirlines.prompts import (
     PROMPT_TEMPLATES,
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.xdist_group("test_bordirlines_tasks")
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "bordirlines"
 STUDY = get_study("bordirlines")
-validate = STUDY.validate_options  # study.options -> the options dict
+validate = STUDY.validate_options  # study.options -> the Options object
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def opts():
                      "prompts": ["direct", "citation"], "k": 3, "bootstrap": 0})
 
 
-def make_data(tmp_path: Path, bl, pairs) -> dict:
+def make_data(tmp_path: Path, bl, pairs) -> Options:
     """A hub-layout dir whose queries.tsv holds the real BorderLines query of each
     (territory, lang); options for the no_ir mode (no passages needed)."""
     lines = ["query_id\tquery_text\tterritory\tlanguage"]
@@ -174,8 +174,8 @@ def test_loaders_read_the_hub_layout(opts):
         == ["crimea_ru_1"]
     docs = load_docs(FIXTURE / "docs.json")
     assert docs["crimea_uk_0"][0] == "uk" and "Крим" in docs["crimea_uk_0"][1]
-    assert opts["langs"] == ["en", "ru", "uk", "zhs"]
-    assert opts["docs"] == str((FIXTURE / "docs.json").resolve())
+    assert opts.langs == ["en", "ru", "uk", "zhs"]
+    assert opts.docs == str((FIXTURE / "docs.json").resolve())
     files = input_files(opts)
     assert str((FIXTURE / "queries.tsv").resolve()) in files
     assert any(f.endswith("control_query_hits.tsv") for f in files)
@@ -185,14 +185,14 @@ def test_loaders_read_the_hub_layout(opts):
 def test_check_options_defaults():
     o = validate({"data": str(FIXTURE)})
     # the paper's main results: OpenAI-embedding hits (L123), direct answers (Table 4, L477)
-    assert o["retriever"] == "openai" and o["modes"] == ["no_ir", "qlang", "rel_langs"]
+    assert o.retriever == "openai" and o.modes == ["no_ir", "qlang", "rel_langs"]
     # whole passages, as the paper (L101); unparsed answers counted as the authors' code does
-    assert o["prompts"] == ["direct"] and o["k"] == 10 and o["max_doc_words"] is None
-    assert o["unparsed"] == "authors"
-    assert o["expected"] is None
-    assert o["territories"] is None  # the packaged copy: no checkout path in the cell hash
-    assert validate(o) == o  # idempotent
-    assert validate({"data": str(FIXTURE), "langs": ["zhs", "ru"]})["langs"] == ["zhs", "ru"]
+    assert o.prompts == ["direct"] and o.k == 10 and o.max_doc_words is None
+    assert o.unparsed == "authors"
+    assert o.expected is None
+    assert o.territories is None  # the packaged copy: no checkout path in the cell hash
+    assert validate(o.as_options()) == o  # idempotent
+    assert validate({"data": str(FIXTURE), "langs": ["zhs", "ru"]}).langs == ["zhs", "ru"]
 
 
 @pytest.mark.parametrize("raw, key", [
@@ -229,7 +229,7 @@ def test_queries_tsv_under_data_as_the_hub_writes_it(tmp_path):
     shutil.copy(FIXTURE / "docs.json", tmp_path / "data" / "all_docs.json")
     o = validate({"data": str(tmp_path), "retriever": "m3", "k": 3, "bootstrap": 0})
     assert len(load_queries(tmp_path)) == 11
-    assert o["docs"] == str((tmp_path / "data" / "all_docs.json").resolve())
+    assert o.docs == str((tmp_path / "data" / "all_docs.json").resolve())
     rows = build_prompts(o, "qlang-direct", "ru")
     assert rows[0]["error"] is None and "Document: 0\nText: " in rows[0]["prompt"][1]["content"]
     assert str((tmp_path / "data" / "queries.tsv").resolve()) in input_files(o)
@@ -239,7 +239,7 @@ def test_openai_hits_are_read_from_the_hub_layout(tmp_path):
     # the default retriever reads data/<lang>/openai/<mode>/<lang>_query_hits.tsv
     o = validate({"data": str(FIXTURE), "modes": ["qlang"], "k": 3, "bootstrap": 0,
                   "langs": ["ru"]})
-    assert o["retriever"] == "openai"
+    assert o.retriever == "openai"
     rows = {r["item_id"]: r for r in build_prompts(o, "qlang-direct", "ru")}
     assert rows["Crimea_ru"]["prompt"][1]["content"].startswith(
         "Document: 0\nText: В 2014 году")
@@ -251,7 +251,7 @@ def test_docs_required_only_for_retrieval_modes(tmp_path):
     shutil.copy(FIXTURE / "queries.tsv", tmp_path / "queries.tsv")
     with pytest.raises(ValidationError, match=r"docs\n\s+Value error, no passages file"):
         validate({"data": str(tmp_path)})
-    assert validate({"data": str(tmp_path), "modes": ["no_ir"]})["docs"] is None
+    assert validate({"data": str(tmp_path), "modes": ["no_ir"]}).docs is None
 
 
 # --------------------------------------------------------------------------------------
@@ -318,7 +318,7 @@ def test_prompt_contents(opts):
     qe = build_prompts(opts, "qlang_en-direct", "ru")[0]["prompt"][1]["content"]
     assert "Document: 2\nText: Crimea is a peninsula" in qe and "Document: 3" not in qe
     # the retriever option picks the hits folder
-    o = {**opts, "retriever": "openai"}
+    o = opts.model_copy(update={"retriever": "openai"})
     rows = build_prompts(o, "qlang-direct", "ru")
     assert "Document: 0\nText: В 2014 году" in rows[0]["prompt"][1]["content"]
     assert rows[1]["error"] == "no openai qlang hits for Donetsk_Oblast_ru"
@@ -349,7 +349,7 @@ def test_truncation_and_translations(opts):
     assert truncate_words("one two", 2) == "one two"
     assert truncate_words("阿巴盖图岛是小岛", 3) == "阿巴盖 ..."
     assert truncate_words("x " * 5, None) == "x " * 5
-    o = {**opts, "max_doc_words": 3}
+    o = opts.model_copy(update={"max_doc_words": 3})
     user = build_prompts(o, "en-direct", "uk")[0]["prompt"][1]["content"]
     assert "Document: 0\nText: Crimea is a ...\n\nDocument: 1" in user
     tr = {"crimea_uk_0": "Crimea is a peninsula (translated)"}
@@ -364,7 +364,8 @@ def test_missing_passage_is_an_error_row(opts, tmp_path):
     docs = json.loads((FIXTURE / "docs.json").read_text("utf-8"))
     del docs["uk"]["crimea_uk_1"]
     (tmp_path / "docs.json").write_text(json.dumps(docs), "utf-8")
-    rows = build_prompts({**opts, "docs": str(tmp_path / "docs.json")}, "qlang-direct", "uk")
+    rows = build_prompts(opts.model_copy(update={"docs": str(tmp_path / "docs.json")}),
+                         "qlang-direct", "uk")
     assert "crimea_uk_1" in rows[0]["error"] and rows[1]["error"] is None
 
 
@@ -375,12 +376,12 @@ def test_passages_are_whole_by_default_and_cut_only_on_request(opts, tmp_path):
     long = " ".join(["Кримський півострів"] * 200)  # 400 words
     docs["uk"]["crimea_uk_1"] = long
     (tmp_path / "docs.json").write_text(json.dumps(docs, ensure_ascii=False), "utf-8")
-    o = {**opts, "docs": str(tmp_path / "docs.json")}
-    assert o["max_doc_words"] is None
+    o = opts.model_copy(update={"docs": str(tmp_path / "docs.json")})
+    assert o.max_doc_words is None
     user = build_prompts(o, "qlang-direct", "uk")[0]["prompt"][1]["content"]
     assert f"Text: {long}\n\n" in user and " ..." not in user
-    user = build_prompts({**o, "max_doc_words": 300}, "qlang-direct", "uk")[0]["prompt"][1][
-        "content"]
+    cut = o.model_copy(update={"max_doc_words": 300})
+    user = build_prompts(cut, "qlang-direct", "uk")[0]["prompt"][1]["content"]
     assert long not in user and "Text: " + " ".join(long.split()[:300]) + " ...\n" in user
 
 
@@ -502,7 +503,7 @@ def delta_gens() -> list[dict]:
 
 def test_delta_cs_with_an_unknown_controller(tmp_path, bl):
     # unparsed: drop, so that Azad Kashmir's answers leave the CS metrics (counted)
-    o = {**make_data(tmp_path, bl, DELTA_PAIRS), "unparsed": "drop"}
+    o = make_data(tmp_path, bl, DELTA_PAIRS).model_copy(update={"unparsed": "drop"})
     gens = delta_gens()
     items, metrics = score(o, gens)
     m = metric_map(metrics)
@@ -567,7 +568,7 @@ def test_unparsed_answers_count_as_the_authors_code_counts_them(tmp_path, bl):
     Pakistan;India, controller Pakistan, language ur): en "I cannot say." -> "None"; hi
     "Neither" -> Pakistan; the ur call failed and has no response."""
     o = make_data(tmp_path, bl, DELTA_PAIRS)
-    assert o["unparsed"] == "authors"
+    assert o.unparsed == "authors"
     items, metrics = score(o, delta_gens())
     m = metric_map(metrics)
     v = {k: x["value"] for k, x in m.items()}
@@ -591,8 +592,8 @@ def test_unparsed_answers_count_as_the_authors_code_counts_them(tmp_path, bl):
     assert row.endswith("| 13 (2 unparsed, 1 failed) |")
     assert "| m | no_ir-direct | 13 | 10 | 2 | 1 | 0 |" in md
     assert "counted as the authors' code counts them" in md
-    dropped = render_tables(score({**o, "unparsed": "drop"}, delta_gens())[1],
-                            {**o, "unparsed": "drop"})
+    dropped = render_tables(score(o.model_copy(update={"unparsed": "drop"}), delta_gens())[1],
+                            o.model_copy(update={"unparsed": "drop"}))
     assert "left out (unparsed: drop)" in dropped
 
 
@@ -666,7 +667,7 @@ def test_full_query_set_matches_the_reference_counts(tmp_path, bl):
     pairs = [(t, "en") for t in bl.territories]
     pairs += [(t, lang) for lang, qs in bl.queries.items() if lang != "en" for t in qs]
     o = make_data(tmp_path, bl, pairs)
-    assert len(load_queries(tmp_path)) == 720 and len(o["langs"]) == 49
+    assert len(load_queries(tmp_path)) == 720 and len(o.langs) == 49
     items, metrics = score(o, [gen(t, lang, "A") for t, lang in pairs])
     m = metric_map(metrics)
     assert not any(i["error"] for i in items)
@@ -685,7 +686,7 @@ def test_full_query_set_matches_the_reference_counts(tmp_path, bl):
 
 def test_bootstrap_intervals(tmp_path, bl):
     pairs = [(t, lang) for t in ("Crimea", "Donetsk Oblast") for lang in ("en", "ru", "uk")]
-    o = {**make_data(tmp_path, bl, pairs), "bootstrap": 200}
+    o = make_data(tmp_path, bl, pairs).model_copy(update={"bootstrap": 200})
     gens = [gen("Crimea", "en", "A"), gen("Crimea", "ru", "A"), gen("Crimea", "uk", "B"),
             gen("Donetsk Oblast", "en", "A"), gen("Donetsk Oblast", "ru", "A"),
             gen("Donetsk Oblast", "uk", "A")]
@@ -807,7 +808,7 @@ def test_tables_show_published_numbers_beside_ours(tmp_path, bl):
             for setting in ("no_ir-direct", "qlang-direct")
             for lang, out in (("en", "A"), ("ru", "A"), ("uk", "B"))]
     _, metrics = score(o, gens)
-    opts = {**o, "expected": str(EXPECTED), "retriever": "openai"}
+    opts = o.model_copy(update={"expected": str(EXPECTED), "retriever": "openai"})
     md = render_tables(metrics, opts)
     row = {tuple(x.split(" | ")[:2]): x for x in md.splitlines() if x.startswith("| ")}
     # GPT-4o no_ir (paper L468: KB 77.0, Con 77.4, Non 67.7, ΔCS 14.3, ΔCS abs 9.7, ...):
@@ -822,7 +823,7 @@ def test_tables_show_published_numbers_beside_ours(tmp_path, bl):
     assert "|  | RANDOM | 50.0 (43.5; +6.5) |" in md
     assert "Published numbers:" in md
     # BGE-M3 hits are not the paper's: only no_ir (no retrieval) still compares
-    md = render_tables(metrics, {**opts, "retriever": "m3"})
+    md = render_tables(metrics, opts.model_copy(update={"retriever": "m3"}))
     row = {tuple(x.split(" | ")[:2]): x for x in md.splitlines() if x.startswith("| ")}
     assert "(77.0; +23.0)" in row[("| gpt-4o", "no_ir")]
     assert "(" not in row[("| gpt-4o", "qlang")]
@@ -843,7 +844,8 @@ def test_citation_table_beside_the_papers_fig4_numbers(opts):
                 parser=cite)]
     _, metrics = score(opts, gens)
     # the fixture's hits stand in for the hub's openai ones here
-    md = render_tables(metrics, {**opts, "expected": str(EXPECTED), "retriever": "openai"})
+    md = render_tables(metrics, opts.model_copy(update={"expected": str(EXPECTED),
+                                                        "retriever": "openai"}))
     (en,) = [x for x in md.splitlines() if x.startswith("| gpt-4o | rel_langs-citation | en |")]
     # no English passage among the 3 shown ([ru, ru, uk]): cr(en) = nr(en) = 0; the paper's
     # GPT-4o rel_langs English queries: cr 94.8, nr 93.9 (L196)

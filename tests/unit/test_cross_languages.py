@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from xling.studies.cross.data import load_contexts
 from xling.studies.cross.metrics import contains_gold, score_output, score_rows, strict_correct
 from xling.studies.cross.narrow import narrow_inputs, select
+from xling.studies.cross.options import Options
 from xling.studies.cross.prompts import prompt_row, prompt_rows
 from xling.studies.cross.split import context_split, make_splitter
 from xling.studies.cross.tables import table_by_depth, table_summary
@@ -182,7 +183,7 @@ def test_languages_are_data(tmp_path):
     text, _ = haystack("so", 4)
     path = write_csv(tmp_path / "Somali_needles.csv", [("2k", 25, text)], "Qaahira")
     opts = STUDY.validate_options({"data": [path], "query_langs": ["en"]})  # not in V2
-    assert opts["context_langs"] == ["so"]
+    assert opts.context_langs == ["so"]
     # a query language without prompt strings is refused by name (not "not in mLongRR-V2")
     with pytest.raises(ValidationError, match="no 1-needle prompt for 'de'"):
         STUDY.validate_options({"data": [path], "query_langs": ["de"]})
@@ -206,7 +207,8 @@ def test_needle_only_without_a_template_match_is_an_error_row():
            "length_value": 2000, "unit": "words:xling", "position": 50, "run": 0,
            "text": text, "labels": [LABEL], "cities": ["开罗"], "gold": LABEL, "target": 0,
            "error": None}
-    opts = {"splitter": "multilingual"}
+    # the prompt options alone, unvalidated: the context is given, no data file is read
+    opts = Options.model_construct(splitter="multilingual")
     row = prompt_row(ctx, "1n_needle_only", "en", opts)
     assert row["prompt"] is None and "match no needle template of 'zh'" in row["error"]
     base = prompt_row(ctx, "1n_baseline", "en", opts)  # the baseline does not need it

@@ -32,6 +32,7 @@ from xling.studies.cross.metrics import (add_token_reduction, contains_gold, fai
                                          score_rows, seven_digit_numbers, strict_correct,
                                          system_name)
 from xling.studies.cross.narrow import narrow_inputs, narrow_options, select, sentence_id
+from xling.studies.cross.options import Options
 from xling.studies.cross.paper import (CITIES, KS, LANGS, LENGTHS, MID_POSITIONS, ORDERS,
                                        PAPER_PROMPTS, POSITIONS, WINDOW_POSITIONS)
 from xling.studies.cross.plots import plot_accuracy, plot_failures, plot_pair_heatmap
@@ -48,8 +49,8 @@ from xling.studies.registry import get_study
 STUDY = get_study("cross")
 
 
-def validated(raw: dict) -> dict:
-    """`study.options` -> the options dict (what cell params carry)."""
+def validated(raw: dict) -> Options:
+    """`study.options` -> the Options object (what the study's steps read)."""
     return STUDY.validate_options(raw)
 
 
@@ -405,7 +406,7 @@ def test_needle_rank_le_k_iff_gold_in_selected_text():
     assert checked > 1000 and 0 < hits < checked
 
 
-def _fixture_options(**kw) -> dict:
+def _fixture_options(**kw) -> Options:
     return validated({"data": [str(FIX / f) for f in FILES.values()],
                       "query_langs": ["en"], **kw})
 
@@ -452,7 +453,8 @@ def test_narrow_inputs_count_each_distinct_sentence_once():
     assert (en["contexts"], en["sentences_total"], len(en["sentences"])) == (9, 298, 47)
     assert (sw["contexts"], sw["sentences_total"], len(sw["sentences"])) == (5, 245, 53)
     assert set(en["queries"]) == {"q:en:1", "q:en:3", "q:sw:1", "q:sw:3"}
-    assert narrow_options(opts, "sw")["data"] == [d for d in opts["data"] if d["lang"] == "sw"]
+    assert narrow_options(opts, "sw")["data"] == [d for d in opts.as_options()["data"]
+                                                  if d["lang"] == "sw"]
 
 
 def test_selection_text_orders():
@@ -525,12 +527,12 @@ def test_validated():
     assert "study.options.query_langs: the 1-needle prompt for 'vi'" in option_errors(
         {"data": data})  # the default 7 query languages include drafts
     opts = validated({"data": data, "query_langs": ["en"]})
-    assert opts["context_langs"] == ["en", "sw"] and opts["ks"] == [3, 5, 10, 20, 50]
-    assert opts["order"] == "score" and opts["join"] == " " and opts["needles"] == [1, 3]
-    assert opts["embedding_failure"] == "target" and opts["splitter"] == "multilingual"
-    assert opts["scoring"] == "exact"
+    assert opts.context_langs == ["en", "sw"] and opts.ks == [3, 5, 10, 20, 50]
+    assert opts.order == "score" and opts.join == " " and opts.needles == [1, 3]
+    assert opts.embedding_failure == "target" and opts.splitter == "multilingual"
+    assert opts.scoring == "exact"
     everything = validated({"data": data, "allow_unverified": True})
-    assert everything["query_langs"] == list(LANGS)
+    assert everything.query_langs == list(LANGS)
     for bad, match in ((dict(ks=[0]), "ks"), (dict(methods=["rag"]), "methods"),
                        (dict(order="random"), "order"), (dict(foo=1), "foo"),
                        (dict(data=["nope.csv"]), "data"), (dict(query_langs=["de"]), "query_langs"),
@@ -888,7 +890,7 @@ def test_study_class_ties_the_modules_to_the_stages():
     opts = validated({"data": [str(FIX / f) for f in FILES.values()], "query_langs": ["en"],
                       "ks": [3], "methods": ["baseline", "cross"]})
     assert "narrow" in STUDY.required_sections(opts)
-    assert STUDY.required_sections({**opts, "methods": ["baseline"]}) == {}
+    assert STUDY.required_sections(opts.model_copy(update={"methods": ["baseline"]})) == {}
     sets = [(p.setting, p.lang) for p in STUDY.prompt_sets(opts)]
     assert sets == [("1n_baseline", "en-en"), ("1n_baseline", "en-sw"), ("1n_k3", "en-en"),
                     ("1n_k3", "en-sw"), ("3n_baseline", "en-en"), ("3n_k3", "en-en")]
@@ -896,12 +898,16 @@ def test_study_class_ties_the_modules_to_the_stages():
     assert not STUDY.needs_selection("3n_baseline") and STUDY.selection_lang("sw-en") == "en"
     assert STUDY.narrow_langs(opts) == ["en", "sw"] and len(STUDY.input_files(opts)) == 3
     # narrow -> prompts -> score -> render, with a vector per sentence and query
+    # the narrow cell's params carry the part of the options its selections depend on;
+    # narrow_inputs and select read the context language's share of the whole options
     narrow_opts = STUDY.narrow_options(opts, "en")
-    got = STUDY.narrow_inputs(narrow_opts, "en")
+    assert narrow_opts["context_langs"] == ["en"] and narrow_opts["methods"] == ["cross"]
+    assert {d["lang"] for d in narrow_opts["data"]} == {"en"}
+    got = STUDY.narrow_inputs(opts, "en")
     rng = np.random.default_rng(1)
     vectors = {k: rng.standard_normal(8).astype(np.float32)
                for k in [*got["sentences"], *got["queries"]]}
-    selections = STUDY.select(narrow_opts, "en", vectors)
+    selections = STUDY.select(opts, "en", vectors)
     assert set(STUDY.hits_at(selections, [3])) == {"hit@3"}
     by_key = {(s["context_id"], s["qlang"]): s for s in selections}
     gens = []

@@ -705,11 +705,11 @@ def test_options_refuse_with_the_fix_named():
         _study_opts(models=["only-one"])
     with pytest.raises(ValidationError, match="positive number of queries"):
         _study_opts(limit=0)
-    assert _study_opts(langs=["Swahili", "EN"])["langs"] == ["sw", "en"]  # normalised codes
-    assert _validated({"data": "x"})["langs"] == list(constants.LANGS)
+    assert _study_opts(langs=["Swahili", "EN"]).langs == ["sw", "en"]  # normalised codes
+    assert _validated({"data": "x"}).langs == list(constants.LANGS)
     assert all(field.description for field in Options.model_fields.values())  # the docs
     ref = _study_opts(compat="reference", pairwise_parse="fixed")
-    assert ref["nli_rounding"] == "reference" and ref["pairwise_parse"] == "fixed"
+    assert ref.nli_rounding == "reference" and ref.pairwise_parse == "fixed"
     assert STUDY.judge_parser(ref) == "mirage_pairwise"
     assert STUDY.judge_parser(_study_opts(compat="reference")) == "mirage_pairwise_reference"
 
@@ -943,14 +943,14 @@ def test_the_configs_published_route_holds_out_the_papers_models():
     d = str(DATA)
     common = [f"study.options.data={d}/mirage-bench", "run_root=/tmp/unused"]
     run = load_config(root / "configs/mirage.yaml", common)
-    assert run.study.options["held_out"] == ["gemma-1.1-2b", "llama3-70b"]  # generate names
-    assert {m.name for m in run.generate.models} >= set(run.study.options["held_out"])
+    assert run.study.options.held_out == ["gemma-1.1-2b", "llama3-70b"]  # generate names
+    assert {m.name for m in run.generate.models} >= set(run.study.options.held_out)
     pub = load_config(root / "configs/mirage.yaml", [
         *common, "study.options.source=published", f"study.options.outputs={d}/mirage-bench-output",
         f"study.options.judgments={d}/mirage-bench-pairwise-judgments",
         "study.options.langs=[en]", "study.options.tournaments=10", "study.options.matches=4"])
     opts = pub.study.options
-    assert opts["held_out"] == list(constants.HELD_OUT)  # P L130, by the hub's ids
+    assert opts.held_out == list(constants.HELD_OUT)  # P L130, by the hub's ids
     _, metrics = STUDY.score(opts, [], Evidence())
     m = {(r["model"], r["metric"]): r["value"] for r in metrics}
     assert {k for (k, metric), v in m.items() if metric == "held_out" and v} == set(

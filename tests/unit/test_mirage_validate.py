@@ -46,12 +46,12 @@ def test_run_route_held_out_names_are_checked_at_validate():
     with pytest.raises(ConfigError, match="leaves fewer than two"):
         load_config(ROOT / "configs/mirage.yaml",
                     [*common, f"study.options.held_out=[{', '.join(names[1:])}]"])
-    assert cfg.study.options["held_out"] == ["gemma-1.1-2b", "llama3-70b"]
+    assert cfg.study.options.held_out == ["gemma-1.1-2b", "llama3-70b"]
 
 
 def test_the_demo_holds_out_two_models_of_its_arena():
     cfg = load_config(ROOT / "configs/demo-mirage.yaml", ["run_root=/tmp/unused"])
-    held = cfg.study.options["held_out"]
+    held = cfg.study.options.held_out
     names = {m.name for m in cfg.generate.models}
     assert len(held) >= 2 and set(held) <= names and len(names - set(held)) >= 2
 
@@ -68,7 +68,7 @@ def test_published_route_held_out_names_are_checked_against_the_roster():
     assert "held_out ['gemma-2b'] are not among the published judgments' models" in \
         _problem(e.value)
     ok = load_config(ROOT / "configs/mirage.yaml", common)
-    assert ok.study.options["held_out"] == list(constants.HELD_OUT)
+    assert ok.study.options.held_out == list(constants.HELD_OUT)
 
 
 def _arena_metrics(held_out):
@@ -129,7 +129,9 @@ def test_features_10_11_wording_switch(wording):
     if wording == "paper":
         raw["feature_prompts"] = "paper"
     opts = STUDY.validate_options(raw)
-    assert opts.get("feature_prompts", "reference") == wording  # reference by default
+    assert opts.feature_prompts == wording  # reference by default
+    # ... and left out of the cells' options dict at its default (their ids stay)
+    assert ("feature_prompts" in opts.as_options()) == (wording == "paper")
     qid = items_of(opts, "en")[0]["query_id"]
     gens = [{"item_id": qid, "model": m, "output": f"##Reason: r\n##Answer: {m}",
              "error": None} for m in ("a", "b")]
@@ -166,7 +168,7 @@ def test_the_features_manifest_records_the_wording(tmp_path, wording):
     options = STUDY.validate_options({"data": f"{DATA}/mirage-bench", "held_out": [],
                                       "feature_prompts": wording})
     cell = SimpleNamespace(dir="cell", key={"scorer": "llm", "lang": "en"},
-                           params={"options": options})
+                           params={"options": options.as_options()})
     cfg = SimpleNamespace(study=SimpleNamespace(task="mirage", options=options))
     out = FeaturesStage().finalize(cell, cfg, store)
     assert out["feature_prompts"] == wording and out["scored"]["rows"] == 1

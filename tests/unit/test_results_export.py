@@ -134,7 +134,7 @@ def test_study_cell_reads_as_its_metrics_rows(tmp_path, monkeypatch):
                 "value": 1.0, "ci_low": None, "ci_high": None, "n": 3}]
     # a scripted study: only the evaluate cell's control flow is under test here
     fake = types.SimpleNamespace(
-        score_columns=(),
+        score_columns=(), options_of=lambda params: params["options"],
         score=lambda opts, gens, evidence: ([{"item_id": g["item_id"], "ok": True}
                                              for g in gens], metrics),
         render=lambda opts, items, m: Rendered("| acc |\n", {"acc.png": b"\x89PNG fake"}))

@@ -8,10 +8,12 @@ its prompt files load. Each config that names a study plans prompt sets whose pa
 from __future__ import annotations
 
 import inspect
+import json
 import os
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from golden_plan import ROOT, _local
 from xling.studies import base
@@ -90,6 +92,40 @@ def test_each_configs_prompt_sets_name_known_parsers(path, monkeypatch):
         find_parser(study.parser_for(s.setting))
     if isinstance(study, (base.Judged, base.PairJudged)):
         find_parser(study.judge_parser(opts))
+
+
+@pytest.mark.parametrize("path", list(_study_configs()), ids=lambda p: p.name)
+def test_options_are_frozen_and_read_back_from_cell_params(path, monkeypatch):
+    """Study steps read the validated Options object; cell params carry (and hash) its
+    `as_options` dict, which `options_of` reads back to an equal object."""
+    monkeypatch.chdir(ROOT)
+    data = _local(yaml.safe_load(path.read_text()))
+    if path.name == "mirage.yaml":
+        data["study"]["options"]["langs"] = ["en", "sw"]
+    study = get_study(data["study"]["task"])
+    opts = study.validate_options(data["study"].get("options"))
+    assert type(opts) is study.Options
+    field = next(iter(study.Options.model_fields))
+    with pytest.raises(ValidationError, match="frozen"):
+        setattr(opts, field, getattr(opts, field))
+    params = {"options": opts.as_options()}
+    assert json.loads(json.dumps(params)) == params  # plain JSON, as the cell hash reads it
+    back = study.options_of(params)
+    assert back == opts and back.as_options() == params["options"]
+    assert study.options_of({"options": dict(reversed(params["options"].items()))}) is back
+
+
+def test_the_config_dumps_the_options_dict():
+    """`study.options` of a loaded config is the Options object; the config dumps (and
+    hashes) it as the dict the cells carry."""
+    from xling.config import validate_config
+
+    cfg = validate_config({"name": "x", "study": {"task": "cross", "options": {
+        "data": [os.path.join(ROOT, "tests/data/mlongrr/1-needle/English_needles.csv")],
+        "query_langs": ["en"], "methods": ["baseline"]}}})
+    opts = cfg.study.options
+    assert isinstance(opts, get_study("cross").Options) and opts.query_langs == ["en"]
+    assert cfg.model_dump(mode="json")["study"]["options"] == opts.as_options()
 
 
 def test_unknown_option_is_refused_with_the_key_named(tmp_path):

@@ -41,7 +41,8 @@ def _prompts(opts, flags):
 
 def test_flagged_translation_is_used_by_default_and_recorded():
     opts = XRAG.validate_options({"data": str(DATA)})
-    assert "flagged_translations" not in opts  # the default, left out of the cell hash
+    assert opts.flagged_translations == "use"  # the default, left out of the cell hash:
+    assert "flagged_translations" not in opts.as_options()
     flagged = "ml-de-004#a0"
     rows = _prompts(opts, {flagged: FLAG})
     assert all(r["error"] is None for r in rows)  # every item answered
@@ -57,7 +58,7 @@ def test_flagged_translation_is_used_by_default_and_recorded():
 
 def test_counting_flagged_as_wrong_is_the_opt_in():
     opts = XRAG.validate_options({"data": str(DATA), "flagged_translations": "wrong"})
-    assert opts["flagged_translations"] == "wrong"
+    assert opts.flagged_translations == "wrong"
     rows = {r["item_id"]: r for r in _prompts(opts, {"ml-de-004#a0": FLAG})}
     bad = rows["ml-de-004"]
     assert bad["prompt"] is None and "flagged by the language check" in bad["error"]

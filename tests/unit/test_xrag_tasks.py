@@ -91,13 +91,13 @@ def fake_translations():
 
 def test_options_defaults_and_aliases():
     o = opts()
-    assert o["langs"] == ["de", "es", "zh", "ar"]
-    assert o["settings"] == list(PAPER_SETTINGS)  # the paper's settings only
-    assert (o["article_order"], o["shuffle_seed"], o["max_article_words"], o["limit"],
-            o["translations"], o["expected"]) == ("given", 0, None, None, "xrag-articles",
+    assert o.langs == ["de", "es", "zh", "ar"]
+    assert o.settings == list(PAPER_SETTINGS)  # the paper's settings only
+    assert (o.article_order, o.shuffle_seed, o.max_article_words, o.limit,
+            o.translations, o.expected) == ("given", 0, None, None, "xrag-articles",
                                                   "auto")
-    assert opts(expected=None)["expected"] is None
-    assert opts(langs=["zh-Hans", "German"])["langs"] == ["zh", "de"]
+    assert opts(expected=None).expected is None
+    assert opts(langs=["zh-Hans", "German"]).langs == ["zh", "de"]
 
 
 @pytest.mark.parametrize("raw, match", [

@@ -210,7 +210,8 @@ def study_evaluate_cell(cfg: XlingConfig) -> Cell:
     scored = [c.dir for c in upstream.cells(cfg, "features")] if ran else []
     files = study.input_files(cfg.study.options) if not gens else []
     labels = cfg.evaluate.labels
-    params = {"generations": gens, "judgments": judged, "options": cfg.study.options,
+    params = {"generations": gens, "judgments": judged,
+              "options": cfg.study.options.as_options(),
               "language_check": bool(cfg.judge and cfg.judge.language_check
                                      and judge_scope(study) == "generation"),
               "labels": labels}
@@ -263,7 +264,8 @@ def run_study_cell(cfg: XlingConfig, store: RunStore, cell: Cell, *, log=print) 
 
     from xling.core.status import ITEMS, PLOTS, TABLE
 
-    study, opts = study_of(cfg), cell.params["options"]
+    study = study_of(cfg)
+    opts = study.options_of(cell.params)
     gens = read_rows(store, cell.params["generations"],
                      ["item_id", "study", "setting", "lang", "model", "parsed", "output", "error",
                       *study.score_columns], "evaluate")

@@ -34,7 +34,7 @@ from xling.core.cells import CELL, RID, Cell, Stage
 from xling.core.status import part_files, read_rows
 from xling.core.store import RunStore
 from xling.jobs.study import study_generations, study_of
-from xling.studies.base import Featured
+from xling.studies.base import Featured, StudyOptions
 from xling.studies.registry import get_study
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class FeaturesStage(Stage):
         for (setting, lang), gs in gens.items():
             dirs = sorted(g.dir for g in gs)
             for scorer in study.scorers(opts):
-                params = {"generations": dirs, "options": opts, "scorer": scorer}
+                params = {"generations": dirs, "options": opts.as_options(), "scorer": scorer}
                 if scorer in ("nli", "reranker"):
                     params["model"] = hashable(getattr(fc, scorer))
                 elif scorer == "llm":
@@ -168,7 +168,8 @@ class FeaturesStage(Stage):
                          ["item_id", "study", "setting", "lang", "model", "output", "error"],
                          f"features cell {cell.id}")
         scorer, lang = cell.key["scorer"], cell.key["lang"]
-        rows = self.study(cfg).feature_inputs(cell.params["options"], scorer, lang, gens)
+        study = self.study(cfg)
+        rows = study.feature_inputs(study.options_of(cell.params), scorer, lang, gens)
         cols = ("input_id", "item_id", "model", *INPUTS[scorer])
         table = pa.table({c: pa.array([r.get(c) for r in rows], pa.string()) for c in cols})
         n = table.num_rows
@@ -184,7 +185,8 @@ class FeaturesStage(Stage):
         fc = cfg.features
         if scorer == "lexical":
             return ds.map_batches(_lexical, batch_format="pyarrow", fn_kwargs={
-                "study": cfg.study.task, "options": [c.params["options"] for c in cells]})
+                "study": cfg.study.task,
+                "options": [self.study(cfg).options_of(c.params) for c in cells]})
         if scorer == "llm":
             spec = fc.llm
             ds = ds.map_batches(_as_prompts, batch_format="pyarrow", num_cpus=LIGHT_CPUS)
@@ -226,7 +228,8 @@ class FeaturesStage(Stage):
                           "failed": int(pc.sum(pc.is_valid(t["error"])).as_py() or 0),
                           "from_cache": int(pc.sum(pc.equal(t["cached"], True)).as_py() or 0)}}
         if cell.key["scorer"] == "llm":  # e.g. MIRAGE's wording of features 10-11 (issue 45)
-            out.update(self.study(cfg).llm_setting(cell.params.get("options") or {}))
+            study = self.study(cfg)
+            out.update(study.llm_setting(study.options_of(cell.params)))
         if cell.key["scorer"] == "langid":  # which detector made features 1-2 (issue 27)
             from xling.tasks.text import backend_version
 
@@ -260,7 +263,7 @@ def _rows(batch: pa.Table, scores: list, *, outputs=None, cached=None, errors=No
     return out
 
 
-def _lexical(batch: pa.Table, *, study: str, options: list[dict]) -> pa.Table:
+def _lexical(batch: pa.Table, *, study: str, options: list[StudyOptions]) -> pa.Table:
     featured = get_study(study)
     rows = batch.to_pylist()
     scores, errors = [], []
@@ -281,7 +284,8 @@ def _lexical(batch: pa.Table, *, study: str, options: list[dict]) -> pa.Table:
 def _langid_backend(cell: Cell) -> str:
     """The study's `language_id` option (MIRAGE: lingua, or langid.py as the paper's compat
     backend); lingua for a study without one."""
-    return (cell.params.get("options") or {}).get("language_id", "lingua")
+    return getattr(get_study(cell.key["study"]).options_of(cell.params), "language_id",
+                   "lingua")
 
 
 class _LangIdBatch:

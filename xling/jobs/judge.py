@@ -101,10 +101,12 @@ class JudgeStage(LLMStage):
         return study
 
     def judge_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
-        return self.judged(cfg).judge_rows(cell.params["options"], gens)
+        study = self.judged(cfg)
+        return study.judge_rows(study.options_of(cell.params), gens)
 
     def pair_rows(self, cfg: XlingConfig, cell: Cell, gens: list[dict]) -> list[dict]:
-        return self.judged(cfg).pair_rows(cell.params["options"], gens)
+        study = self.judged(cfg)
+        return study.pair_rows(study.options_of(cell.params), gens)
 
     def scope(self, cfg: XlingConfig) -> str:
         """"generation" (each generation judged alone) or "pairs" (pairs of models)."""
@@ -132,7 +134,7 @@ class JudgeStage(LLMStage):
                 params = {"generation": dirs[0] if not pairs else dirs,
                           "model": engine_params(spec),
                           "sampling": sampling_of(spec, jc.sampling).as_dict(),
-                          "options": cfg.study.options}
+                          "options": cfg.study.options.as_options()}
                 if pairs:
                     params.update(scope="pairs", parser=self.parser(cfg))
                 cells.append(Cell("judge", {**key, "judge": spec.label}, params,

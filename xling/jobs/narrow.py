@@ -115,7 +115,7 @@ class NarrowStage(Stage):
     def read(self, cell: Cell, cfg: XlingConfig):
         import ray.data
 
-        got = _study(cfg).narrow_inputs(cell.params["options"], cell.key["lang"])
+        got = _study(cfg).narrow_inputs(cfg.study.options, cell.key["lang"])
         ids = [*(f"s:{k}" for k in got["sentences"]), *got["queries"]]
         texts = [*got["sentences"].values(), *got["queries"].values()]
         kinds = ["sentence"] * len(got["sentences"]) + ["query"] * len(got["queries"])
@@ -146,7 +146,7 @@ class NarrowStage(Stage):
             **pool_args(p, key="narrow.parallel", hosts=hosts))
 
     def finalize(self, cell: Cell, cfg: XlingConfig, store: RunStore) -> dict:
-        study, opts, clang = _study(cfg), cell.params["options"], cell.key["lang"]
+        study, opts, clang = _study(cfg), cfg.study.options, cell.key["lang"]
         t = store.read_parquet(part_files(store, cell.dir),
                                columns=[RID, "kind", "vector", "n_tokens", "cached", "error"])
         ok = t.filter(pc.is_null(t["error"]))
@@ -160,7 +160,7 @@ class NarrowStage(Stage):
         # The counts come from what read() wrote and select() made; no second pass over the
         # contexts. Every context has a row per query language, each with its sentence count.
         per_context = {s["context_id"]: s for s in selections}
-        hits = study.hits_at(selections, opts["ks"])
+        hits = study.hits_at(selections, opts.ks)
         return {"narrow": {
             "contexts": len(per_context),
             "context_errors": sum(1 for s in per_context.values() if s.get("n_sentences") is None),

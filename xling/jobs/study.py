@@ -10,10 +10,10 @@ isinstance), so adding a study, a setting, a language or a model touches no job 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
-from pydantic import Field, model_validator
+from pydantic import Field, field_serializer, model_validator
 
 from xling.core import upstream
 from xling.core.config import ConfigError, Strict
@@ -23,7 +23,7 @@ from xling.core.sources import passage_texts
 from xling.core.status import SELECTIONS, read_rows, require_done
 from xling.core.store import RunStore
 from xling.studies.base import (Generative, Narrowed, Retrieving, Study, StudyInputs,
-                                Translated)
+                                StudyOptions, Translated)
 from xling.studies.registry import NAMES, get_study
 
 if TYPE_CHECKING:
@@ -41,8 +41,14 @@ class StudyConfig(Strict):
 
     task: Literal[NAMES] = Field(  # type: ignore[valid-type]
         description=f"the study: {' | '.join(NAMES)} (xling/studies/<task>/)")
-    options: dict = Field(default_factory=dict, description="the study's options (its Options "
-                                                            "model: xling/studies/<task>/options.py)")
+    # the study's validated Options object (typed Any so that --help shows one line, not a
+    # model without fields); dumped, and so hashed, as its `as_options` dict
+    options: Any = Field(default_factory=dict, description=(
+        "the study's options (its Options model: xling/studies/<task>/options.py)"))
+
+    @field_serializer("options")
+    def _options_dict(self, options: StudyOptions) -> dict:
+        return options.as_options()
 
     @model_validator(mode="before")
     @classmethod
@@ -95,7 +101,8 @@ def prompt_sets(cfg: XlingConfig) -> list[dict]:
     for pset in study.prompt_sets(opts):
         setting, lang = pset.setting, pset.lang
         ps = {"study": cfg.study.task, "setting": setting, "lang": lang,
-              "parser": study.parser_for(setting), "options": opts, "files": files}
+              "parser": study.parser_for(setting), "options": opts.as_options(),
+              "files": files}
         if isinstance(study, Translated) and study.needs_translation(setting):
             source = study.translation_source(opts)
             try:
@@ -155,9 +162,11 @@ def prompt_rows(cfg: XlingConfig, ps: dict) -> pa.Table:
     if "selection" in ps:
         inputs.selections = read_selections(store, upstream.cell(cfg, "narrow",
                                                                  ps["selection"]))
+    study = study_of(cfg)
+    opts = study.options_of(ps)
     if "retrieved" in ps:
-        inputs.retrieved = retrieved_documents(cfg, study_of(cfg).retrieval(ps["options"]))
-    rows = study_of(cfg).build_prompts(ps["options"], ps["setting"], ps["lang"], inputs=inputs)
+        inputs.retrieved = retrieved_documents(cfg, study.retrieval(opts))
+    rows = study.build_prompts(opts, ps["setting"], ps["lang"], inputs=inputs)
     return built_prompt_table(rows, where=f"{ps['setting']}.{ps['lang']}")
 
 

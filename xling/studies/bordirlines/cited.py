@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 
 from xling.studies.bordirlines.data import load_docs, load_queries
-from xling.studies.bordirlines.options import split_setting
+from xling.studies.bordirlines.options import Options, split_setting
 from xling.studies.bordirlines.parse import _DOCTAG_RE
 from xling.studies.bordirlines.prompts import shown_passages
 
@@ -16,20 +16,21 @@ from xling.studies.bordirlines.prompts import shown_passages
 TOPIC_OPTIONS = ("data", "retriever", "modes", "k", "max_doc_words", "docs", "territories")
 
 
-def nugget_options(opts: Mapping) -> dict:
-    return {k: opts.get(k) for k in TOPIC_OPTIONS}
+def nugget_options(opts: Options) -> dict:
+    given = opts.as_options()
+    return {k: given[k] for k in TOPIC_OPTIONS}
 
 
-def nugget_topics(opts: Mapping, lang: str) -> list[dict]:
+def nugget_topics(opts: Options, lang: str) -> list[dict]:
     """The ``lang`` queries (queries.tsv order). Documents: the passages the prompts of
     every retrieval mode showed, mode by mode in `modes` order and in prompt order within a
     mode, each passage once (so one set of nuggets serves every mode's answers); the hub has
     no human relevance label, so `judgment` is None. A query no mode has passages for is a
     topic with an `error` (the modes' errors, as its prompt rows have them)."""
-    modes = [m for m in opts["modes"] if m != "no_ir"]
-    docs = load_docs(opts["docs"]) if modes and opts.get("docs") else None
+    modes = [m for m in opts.modes if m != "no_ir"]
+    docs = load_docs(opts.docs) if modes and opts.docs else None
     out = []
-    for query in load_queries(opts["data"]).values():
+    for query in load_queries(opts.data).values():
         if query["lang"] != lang:
             continue
         documents: dict[str, dict] = {}
@@ -58,7 +59,7 @@ def _clean(text: str) -> str:
     return re.sub(r"\s+([.,;:!?。，、；：！？])", r"\1", text).strip()
 
 
-def cited_answer(opts: Mapping, generation: Mapping) -> list[dict]:
+def cited_answer(opts: Options, generation: Mapping) -> list[dict]:
     """A generation as sentences ``[{text, citations}]`` in its own language.
 
     ``direct`` (and ``no_ir``): the output's sentences, citing nothing. ``citation``: the
@@ -78,8 +79,8 @@ def cited_answer(opts: Mapping, generation: Mapping) -> list[dict]:
                 for s in (x.strip() for x in (sentences(text, lang) if text else [])) if s]
     if not parsed.get("option"):
         return []
-    query = load_queries(opts["data"]).get(str(generation["item_id"]))
-    docs = load_docs(opts["docs"]) if opts.get("docs") else None
+    query = load_queries(opts.data).get(str(generation["item_id"]))
+    docs = load_docs(opts.docs) if opts.docs else None
     passages = (shown_passages(opts, mode, query, docs)[0] if query else None) or []
 
     def ids(positions: list[int]) -> list[str]:

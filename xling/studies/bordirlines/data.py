@@ -10,10 +10,12 @@ import functools
 import json
 import os
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
+
+if TYPE_CHECKING:
+    from xling.studies.bordirlines.options import Options
 
 # The retrieval settings of the hits (bordirlines.txt; the hub's data/<lang>/<retriever>/<mode>/)
 Mode = Literal["no_ir", "qlang", "rel_langs", "qlang_en", "en", "swap"]
@@ -141,9 +143,9 @@ def load_borderlines(territories: str | os.PathLike | None = None) -> BorderLine
     return _load_borderlines(str(territory_root(territories).resolve()))
 
 
-def borderlines_of(opts: Mapping | None) -> BorderLines:
+def borderlines_of(opts: Options | None) -> BorderLines:
     """The BorderLines table the options name (``territories``; None: the packaged copy)."""
-    return load_borderlines((opts or {}).get("territories"))
+    return load_borderlines(opts.territories if opts is not None else None)
 
 
 # ======================================================================================
@@ -269,9 +271,9 @@ def load_docs(path: str | os.PathLike) -> dict[str, tuple[str, str]]:
 # ======================================================================================
 
 
-def query_index(opts: Mapping) -> dict[tuple[str, str], dict]:
+def query_index(opts: Options) -> dict[tuple[str, str], dict]:
     """(territory, lang) -> query row (the first in queries.tsv)."""
-    return _query_index_of(stamp(queries_file(opts["data"])), str(borderlines_of(opts).root))
+    return _query_index_of(stamp(queries_file(opts.data)), str(borderlines_of(opts).root))
 
 
 @functools.lru_cache(maxsize=4)
@@ -285,7 +287,7 @@ def _query_index_of(file_stamp: tuple, root: str) -> dict[tuple[str, str], dict]
     return out
 
 
-def shown_hits(opts: Mapping, mode: str, query: dict) -> tuple[list[dict] | None, str | None]:
+def shown_hits(opts: Options, mode: str, query: dict) -> tuple[list[dict] | None, str | None]:
     """The top-k hits a query's prompt shows in ``mode`` (not no_ir), or an error."""
     territory = borderlines_of(opts).territory(query["territory"])
     if territory is None:
@@ -304,32 +306,32 @@ def shown_hits(opts: Mapping, mode: str, query: dict) -> tuple[list[dict] | None
             return None, f"swap: {territory.name} has only one claimant language ({langs[0]})"
         other = langs[(langs.index(query["lang"]) + 1) % len(langs)]
         source = index[(territory.name, other)]
-    hits = load_hits(opts["data"], source["lang"], opts["retriever"], mode).get(
+    hits = load_hits(opts.data, source["lang"], opts.retriever, mode).get(
         source["query_id"])
     if not hits:
         where = f" (the swap partner {source['query_id']})" if source is not query else ""
-        return None, (f"no {opts['retriever']} {HITS_MODE[mode]} hits for "
+        return None, (f"no {opts.retriever} {HITS_MODE[mode]} hits for "
                       f"{source['query_id']}{where}")
-    return hits[: opts["k"]], None
+    return hits[: opts.k], None
 
 
-def input_files(opts: Mapping) -> list[str]:
+def input_files(opts: Options) -> list[str]:
     """The local files the prompts depend on (for input fingerprints)."""
-    data = Path(opts["data"])
+    data = Path(opts.data)
     root = borderlines_of(opts).root
     files = [queries_file(data), root / "disputed_territories.csv",
              root / "countries_info.json", root / "queries" / "prompts_q_mc.txt",
              root / "queries" / "choices.txt"]
-    for lang in opts["langs"]:
+    for lang in opts.langs:
         files += [root / "queries" / f"prompts.{lang}", root / "queries" / f"choices.{lang}"]
-    modes = [m for m in opts["modes"] if m != "no_ir"]
-    if modes and opts.get("docs"):
-        files.append(Path(opts["docs"]))
+    modes = [m for m in opts.modes if m != "no_ir"]
+    if modes and opts.docs:
+        files.append(Path(opts.docs))
     if "swap" in modes:  # the swap partner can be any claimant language
         hit_langs = sorted({q["lang"] for q in load_queries(data).values()})
     else:
-        hit_langs = list(opts["langs"])
+        hit_langs = list(opts.langs)
     for mode in modes:
         for lang in hit_langs:
-            files += hits_paths(data, lang, opts["retriever"], HITS_MODE[mode])
+            files += hits_paths(data, lang, opts.retriever, HITS_MODE[mode])
     return sorted(dict.fromkeys(str(p) for p in files if p.is_file()))

@@ -15,7 +15,7 @@ import numpy as np
 
 from xling.studies.bordirlines.data import BorderLines, Territory, borderlines_of, \
     load_queries, shown_hits
-from xling.studies.bordirlines.options import STUDY, split_setting
+from xling.studies.bordirlines.options import STUDY, Options, split_setting
 from xling.studies.bordirlines.parse import map_option
 
 
@@ -167,7 +167,7 @@ NO_ANSWER = "None"
 OUTCOMES = ("scored", "unparsed", "failed", "invalid")
 
 
-def _item(opts: Mapping, borderlines: BorderLines, queries: dict, gen: Mapping) -> dict:
+def _item(opts: Options, borderlines: BorderLines, queries: dict, gen: Mapping) -> dict:
     """One generation's item: its territory, chosen option and claimant, or its error, and
     its outcome (OUTCOMES)."""
     query = queries.get(str(gen.get("item_id")))
@@ -203,7 +203,7 @@ def _item(opts: Mapping, borderlines: BorderLines, queries: dict, gen: Mapping) 
     return item
 
 
-def score(opts: Mapping, generations: Iterable[Mapping]) -> tuple[list[dict], list[dict]]:
+def score(opts: Options, generations: Iterable[Mapping]) -> tuple[list[dict], list[dict]]:
     """Items and metrics of BordIRLines generations (the answers are multiple-choice: no
     judge).
 
@@ -242,7 +242,7 @@ def score(opts: Mapping, generations: Iterable[Mapping]) -> tuple[list[dict], li
       "all", the ``qlang`` rates averaged over the query languages (n = languages).
     """
     borderlines = borderlines_of(opts)
-    queries = load_queries(opts["data"])
+    queries = load_queries(opts.data)
     items = [_item(opts, borderlines, queries, gen) for gen in generations]
     metrics: list[dict] = []
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -263,7 +263,7 @@ def score(opts: Mapping, generations: Iterable[Mapping]) -> tuple[list[dict], li
     return out_items, metrics
 
 
-def _response(opts: Mapping, item: dict, territory: Territory, qlang: str
+def _response(opts: Options, item: dict, territory: Territory, qlang: str
               ) -> tuple[str | None, str | None]:
     """(the English control response, the claimant-language response) an item gives its
     territory's response set; None where it gives none. An unparsed answer gives what the
@@ -271,7 +271,7 @@ def _response(opts: Mapping, item: dict, territory: Territory, qlang: str
     Pick = the first claimant; with `unparsed: drop` nothing."""
     claimant = item["claimant"]
     if claimant is None:
-        if item["outcome"] != "unparsed" or opts.get("unparsed", "authors") != "authors":
+        if item["outcome"] != "unparsed" or opts.unparsed != "authors":
             return None, None
         en, claim = NO_ANSWER, territory.claimants[0]
     else:
@@ -304,7 +304,7 @@ def _cs_metrics(opts, borderlines, queries, model, setting, items) -> list[dict]
     rows = [_territory_cs(borderlines.territories[t], responses.get(t, {}), response_en.get(t))
             for t in scope]
     stats = _cs_stats(rows)
-    intervals = _bootstrap(rows, int(opts["bootstrap"] or 0))
+    intervals = _bootstrap(rows, opts.bootstrap)
     return [_metric(setting, "all", model, name, value, n, intervals.get(name))
             for name, (value, n) in stats.items()]
 
@@ -323,9 +323,9 @@ def _count_metrics(model, setting, items) -> list[dict]:
     return out
 
 
-def random_metrics(opts: Mapping, borderlines: BorderLines, queries: dict) -> list[dict]:
+def random_metrics(opts: Options, borderlines: BorderLines, queries: dict) -> list[dict]:
     """The paper's RANDOM row: the expected CS metrics of a uniformly random option, over
-    the territories of the run's queries (the query languages in ``opts["langs"]``). Each
+    the territories of the run's queries (the query languages in ``opts.langs``). Each
     expected concurrence is 1/k for a territory with k claimants (a random answer names the
     controller, or agrees with another random answer, with probability 1/k); each metric
     keeps the scope it has for a model: KB over known controllers with an English query,
@@ -335,7 +335,7 @@ def random_metrics(opts: Mapping, borderlines: BorderLines, queries: dict) -> li
     langs_of: dict[str, set[str]] = defaultdict(set)
     for query in queries.values():
         territory = borderlines.territory(query["territory"])
-        if territory is not None and query["lang"] in opts["langs"]:
+        if territory is not None and query["lang"] in opts.langs:
             langs_of[territory.name].add(query["lang"])
     nan = math.nan
     rows = []

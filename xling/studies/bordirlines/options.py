@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -39,12 +38,12 @@ def split_setting(setting: str) -> tuple[str, str]:
     return mode, prompt
 
 
-def settings(opts: Mapping) -> list[str]:
+def settings(opts: Options) -> list[str]:
     """The settings the options select: each mode with each prompt, but ``no_ir`` (nothing
     to cite) only as ``no_ir-direct``."""
     out = []
-    for mode in opts["modes"]:
-        for prompt in opts["prompts"]:
+    for mode in opts.modes:
+        for prompt in opts.prompts:
             out.append("no_ir-direct" if mode == "no_ir" else f"{mode}-{prompt}")
     return list(dict.fromkeys(out))
 

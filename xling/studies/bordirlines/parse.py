@@ -4,10 +4,9 @@ cited documents) and the mapping of a chosen option to a claimant of the territo
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
 from xling.studies.bordirlines.data import LETTERS, borderlines_of
-from xling.studies.bordirlines.options import split_setting
+from xling.studies.bordirlines.options import Options, split_setting
 
 Parsed = tuple[dict | None, str | None]
 
@@ -146,7 +145,7 @@ def _match_names(text: str, names: list[tuple[str, int]]) -> set[int]:
 
 
 def map_option(option_text: str | None, lang: str, territory: str,
-               opts: Mapping | None = None) -> str | None:
+               opts: Options | None = None) -> str | None:
     """The canonical (English, table) claimant chosen by ``option_text``, or None.
 
     Accepted, in this order: a leading option letter (``B``, ``B)``, ``(b)``, ``[B]``,

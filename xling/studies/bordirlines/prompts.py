@@ -11,7 +11,7 @@ import yaml
 
 from xling.studies.bordirlines.data import LETTERS, borderlines_of, load_docs, load_queries, \
     shown_hits
-from xling.studies.bordirlines.options import STUDY, split_setting
+from xling.studies.bordirlines.options import STUDY, Options, split_setting
 
 PROMPT_FILE = Path(__file__).with_name("prompts.yaml")
 # The paper's Table 5 prompts (prompts.yaml; each text cites its line of
@@ -114,7 +114,7 @@ def _translation_maps(translations) -> tuple[dict[str, str], dict[str, str]]:
     return docs, queries
 
 
-def build_prompts(opts: Mapping, setting: str, lang: str, *, translations=None) -> list[dict]:
+def build_prompts(opts: Options, setting: str, lang: str, *, translations=None) -> list[dict]:
     """Prompt rows for the ``lang`` queries in ``setting``, in ``queries.tsv`` order.
 
     Rows: ``item_id`` (the query_id), ``study``, ``setting``, ``lang``, ``prompt`` (chat
@@ -129,9 +129,9 @@ def build_prompts(opts: Mapping, setting: str, lang: str, *, translations=None) 
         raise ValueError("no_ir has no passages to cite: use the setting 'no_ir-direct'")
     borderlines = borderlines_of(opts)
     doc_translations, query_translations = _translation_maps(translations)
-    docs = load_docs(opts["docs"]) if mode != "no_ir" and opts.get("docs") else None
+    docs = load_docs(opts.docs) if mode != "no_ir" and opts.docs else None
     rows = []
-    for query in load_queries(opts["data"]).values():
+    for query in load_queries(opts.data).values():
         if query["lang"] != lang:
             continue
         row = {"item_id": query["query_id"], "study": STUDY, "setting": setting, "lang": lang,
@@ -161,7 +161,7 @@ def build_prompts(opts: Mapping, setting: str, lang: str, *, translations=None) 
     return rows
 
 
-def shown_passages(opts: Mapping, mode: str, query: dict, docs: Mapping | None,
+def shown_passages(opts: Options, mode: str, query: dict, docs: Mapping | None,
                    doc_translations: Mapping | None = None) -> tuple[list[dict] | None, str | None]:
     """The passages a query's prompt shows in ``mode`` (not no_ir), in prompt order (the
     prompt's document id is the list index): ``[{doc_id, doc_lang, text}]`` (text as shown:
@@ -175,7 +175,7 @@ def shown_passages(opts: Mapping, mode: str, query: dict, docs: Mapping | None,
     missing = [h["doc_id"] for h in hits
                if h["doc_id"] not in docs and h["doc_id"] not in doc_translations]
     if missing:
-        return None, f"passage(s) {missing} not in {opts['docs']}"
+        return None, f"passage(s) {missing} not in {opts.docs}"
     return [{"doc_id": h["doc_id"], "doc_lang": h["doc_lang"],
              "text": truncate_words(doc_translations.get(h["doc_id"]) or docs[h["doc_id"]][1],
-                                    opts.get("max_doc_words"))} for h in hits], None
+                                    opts.max_doc_words)} for h in hits], None

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from xling.studies.base import Cited, Evidence, Opts, PromptSet, Rendered, Rows, StudyInputs
+from xling.studies.base import Cited, Evidence, PromptSet, Rendered, Rows, StudyInputs
 from xling.studies.bordirlines import cited, data, parse
 from xling.studies.bordirlines.options import STUDY, Options, settings
 
@@ -23,11 +23,11 @@ class BordIRLines(Cited):
                             "Sensitive Tasks (BordIRLines; Li et al., arXiv:2410.01171)")
     # The study reads its data (queries, hits, passages) from study.options alone: it needs
     # no translate, narrow or judge section.
-    def prompt_sets(self, opts: Opts) -> list[PromptSet]:
+    def prompt_sets(self, opts: Options) -> list[PromptSet]:
         """One set per (setting, query language): settings ``<mode>-<prompt>``."""
-        return [PromptSet(setting, lang) for setting in settings(opts) for lang in opts["langs"]]
+        return [PromptSet(setting, lang) for setting in settings(opts) for lang in opts.langs]
 
-    def input_files(self, opts: Opts) -> list[str]:
+    def input_files(self, opts: Options) -> list[str]:
         return data.input_files(opts)
 
     def parser_for(self, setting: str) -> str:
@@ -37,7 +37,7 @@ class BordIRLines(Cited):
         return {"bordirlines_direct": parse.parse_direct,
                 "bordirlines_citation": parse.parse_citation}
 
-    def build_prompts(self, opts: Opts, setting: str, lang: str, *,
+    def build_prompts(self, opts: Options, setting: str, lang: str, *,
                       inputs: StudyInputs) -> Rows:
         from xling.studies.bordirlines.prompts import build_prompts
 
@@ -45,22 +45,22 @@ class BordIRLines(Cited):
 
     # -- nuggets and citation support (Cited; cited.py) --------------------------------
 
-    def nugget_options(self, opts: Opts) -> dict:
+    def nugget_options(self, opts: Options) -> dict:
         return cited.nugget_options(opts)
 
-    def nugget_topics(self, opts: Opts, lang: str, inputs: StudyInputs | None = None) -> Rows:
+    def nugget_topics(self, opts: Options, lang: str, inputs: StudyInputs | None = None) -> Rows:
         return cited.nugget_topics(opts, lang)
 
-    def cited_answer(self, opts: Opts, generation: Mapping) -> list[dict]:
+    def cited_answer(self, opts: Options, generation: Mapping) -> list[dict]:
         return cited.cited_answer(opts, generation)
 
-    def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
+    def score(self, opts: Options, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
         """Items and metrics (``evidence`` is not read: no judge, no features)."""
         from xling.studies.bordirlines.metrics import score
 
         return score(opts, generations)
 
-    def render(self, opts: Opts, items: Rows, metrics: Rows) -> Rendered:
+    def render(self, opts: Options, items: Rows, metrics: Rows) -> Rendered:
         from xling.studies.bordirlines.tables import render_tables
 
         return Rendered(markdown=render_tables(metrics, opts), plots={})

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from xling.studies.bordirlines.metrics import OUTCOMES
-from xling.studies.bordirlines.options import MODES, PROMPTS, STUDY, split_setting
+from xling.studies.bordirlines.options import MODES, PROMPTS, STUDY, Options, split_setting
 from xling.studies.bordirlines.published import TABLE_METRICS, load_published, paper_label
 from xling.tasks.tables import beside, pipe_table
 
@@ -166,7 +166,7 @@ def _outcomes_table(rows, unparsed: str) -> str | None:
                "out of the CS metrics."])
 
 
-def render_tables(metrics: Iterable[Mapping], opts: Mapping | None = None) -> str:
+def render_tables(metrics: Iterable[Mapping], opts: Options | None = None) -> str:
     """Markdown: the paper's Table 4 (bordirlines.txt L466-477) for each prompt run, rows
     model x IR mode (no_ir, qlang, qlang_en, en, rel_langs, swap; the paper's qlang+en,
     en_only and swap_docs) after the RANDOM row, columns KB CS, Con CS, Non CS, ΔCS, ΔCS
@@ -174,7 +174,7 @@ def render_tables(metrics: Iterable[Mapping], opts: Mapping | None = None) -> st
     with the direct prompt only, so its rows are the ``no_ir-direct`` numbers in every
     prompt's table.
 
-    With ``opts["expected"]`` (the study options; the paper's numbers, `load_published`), a
+    With ``opts.expected`` (the study options; the paper's numbers, `load_published`), a
     cell whose model, mode, prompt and retriever the paper ran shows ``xling (paper; xling -
     paper)``; the other cells show xling's number only. Then, for citation settings, the
     citation and inclusion rates of the query language's own documents per query language
@@ -184,9 +184,9 @@ def render_tables(metrics: Iterable[Mapping], opts: Mapping | None = None) -> st
     values, models, prompts, modes_of = _collect(rows)
     if not models:
         return "_No BordIRLines metrics._\n"
-    opts = opts or {}
-    published = load_published(opts["expected"]) if opts.get("expected") else None
-    retriever = opts.get("retriever")
+    published = load_published(opts.expected) if opts is not None and opts.expected else None
+    retriever = opts.retriever if opts is not None else None
+    unparsed = opts.unparsed if opts is not None else "authors"
     parts = _cs_tables(values, models, prompts, modes_of, published, retriever, _outcomes(rows))
     if published is not None:
         parts[-1] += (
@@ -197,5 +197,5 @@ def render_tables(metrics: Iterable[Mapping], opts: Mapping | None = None) -> st
             "xling's number only. The paper's modes qlang+en, en_only and swap_docs "
             "are qlang_en, en and swap here.")
     parts += [t for t in (_citation_table(rows, published, retriever),
-                          _outcomes_table(rows, opts.get("unparsed", "authors"))) if t]
+                          _outcomes_table(rows, unparsed)) if t]
     return "\n\n".join(parts) + "\n"

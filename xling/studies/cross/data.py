@@ -8,9 +8,13 @@ import io
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from xling.tasks.languages import get_language
+
+if TYPE_CHECKING:
+    from .options import Options
 
 # A label as a whole number in a text (no digit right before or after it).
 NUMBER_IN_TEXT = "(?<![0-9]){}(?![0-9])"
@@ -214,25 +218,23 @@ def same_ids_error(lang: str, needles: int, paths: Iterable[str]) -> str:
             "(e.g. `{path: ..., tag: v1}`) or drop one")
 
 
-def load_contexts(opts: Mapping, *, filesystem=None) -> list[dict]:
-    """Every context the options select (validated options, ``Options``). Two files of one
-    language and needle count need distinct tags (ValueError otherwise)."""
+def load_contexts(opts: Options, *, filesystem=None) -> list[dict]:
+    """Every context the options select. Two files of one language and needle count need
+    distinct tags (ValueError otherwise)."""
     out, owner = [], {}
-    for entry in opts["data"]:
-        if entry["lang"] not in opts["context_langs"]:
+    for entry in opts.data:
+        if entry.lang not in opts.context_langs:
             continue
-        rows = load_file(entry["path"], lang=entry["lang"], length_unit=entry["length_unit"],
-                         needles=entry["needles"], tag=entry.get("tag"),
-                         filesystem=filesystem)
+        rows = load_file(entry.path, lang=entry.lang, length_unit=entry.length_unit,
+                         needles=entry.needles, tag=entry.tag, filesystem=filesystem)
         if rows:
-            key = (rows[0]["needles"], entry["lang"], entry.get("tag"))
-            if key in owner and owner[key] != entry["path"]:
-                raise ValueError(same_ids_error(entry["lang"], key[0],
-                                                [owner[key], entry["path"]]))
-            owner[key] = entry["path"]
-        kept = [r for r in rows if r["needles"] in opts["needles"]
-                and (opts.get("lengths") is None or r["length"] in opts["lengths"])
-                and (opts.get("positions") is None or str(r["position"]) in opts["positions"])
-                and (opts.get("runs") is None or str(r["run"]) in opts["runs"])]
-        out += kept[:opts["limit"]] if opts.get("limit") else kept
+            key = (rows[0]["needles"], entry.lang, entry.tag)
+            if key in owner and owner[key] != entry.path:
+                raise ValueError(same_ids_error(entry.lang, key[0], [owner[key], entry.path]))
+            owner[key] = entry.path
+        kept = [r for r in rows if r["needles"] in opts.needles
+                and (opts.lengths is None or r["length"] in opts.lengths)
+                and (opts.positions is None or str(r["position"]) in opts.positions)
+                and (opts.runs is None or str(r["run"]) in opts.runs)]
+        out += kept[:opts.limit] if opts.limit else kept
     return out

@@ -11,6 +11,7 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -21,6 +22,9 @@ from xling.tasks.text import normalize_numerals
 from .paper import FAILURE_DETAILS, FAILURE_RULES, SCORINGS, STUDY
 from .prompts import needs_selection, setting_name
 from .templates import unanswerable_tokens
+
+if TYPE_CHECKING:
+    from .options import Options
 
 # Separators dropped between two digits: , . ' ’ Arabic thousands/decimal separators and
 # comma, space, no-break/figure/thin/narrow no-break spaces, and invisible bidi marks.
@@ -228,7 +232,7 @@ def add_token_reduction(items: pd.DataFrame) -> pd.DataFrame:
 
 
 
-def score_items(opts: Mapping, generations: Sequence[Mapping]) -> list[dict]:
+def score_items(opts: Options, generations: Sequence[Mapping]) -> list[dict]:
     """One item per generation: the scored ones (:func:`score_rows`), then those whose prompt
     could not be built (``failure: error``: counted, never scored as correct)."""
     rows = []
@@ -241,8 +245,7 @@ def score_items(opts: Mapping, generations: Sequence[Mapping]) -> list[dict]:
                      "output": None if err else g.get("output"),
                      "gen_error": err})
     usable = [r for r in rows if r["meta"]]
-    scored = score_rows(usable, rule=opts.get("embedding_failure", "target"),
-                        scoring=opts.get("scoring", "exact"))
+    scored = score_rows(usable, rule=opts.embedding_failure, scoring=opts.scoring)
     items = []
     for r, rec in zip(usable, scored.to_dict("records")):
         rec.update(setting=r["setting"], lang=r["lang"], error=r["gen_error"])
@@ -304,7 +307,7 @@ def depth_bin(depth: float | None) -> int | None:
     return int(25 * round(float(depth) * 4))
 
 
-def score(opts: Mapping, generations: Sequence[Mapping]) -> tuple[list, list]:
+def score(opts: Options, generations: Sequence[Mapping]) -> tuple[list, list]:
     """Items (one per generation, with its failure class) and metric rows per (setting,
     lang = q-c, model): accuracy (by the ``scoring`` option), exact and containment accuracy
     with Wilson 95% intervals, the failure classes, hit rate of the target (CROSS), input

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from .data import load_contexts
 from .rank import label_ranks, rank, scores_of
 from .split import context_split, splitter_for
 from .templates import load_templates, query_text
+
+if TYPE_CHECKING:
+    from .options import Options
 
 # The options a narrow cell's selections depend on (the rest: order, join, methods, scoring,
 # only change prompts or scores, so they reuse the selections).
@@ -30,17 +34,24 @@ SELECTION_FIELDS = ("context_id", "needles", "clang", "qlang", "length", "positi
                     "target_idx", "target_rank", "splitter_fp", "needle_isolated", "error")
 
 
-def narrow_langs(opts: Mapping) -> list[str]:
+def narrow_langs(opts: Options) -> list[str]:
     """The context languages whose sentences the narrow stage ranks (none without CROSS)."""
-    return list(opts["context_langs"]) if "cross" in opts["methods"] else []
+    return list(opts.context_langs) if "cross" in opts.methods else []
 
 
-def narrow_options(opts: Mapping, clang: str) -> dict:
-    """The options of one context language's narrow cell (validated options in, same shape
-    out, so :func:`narrow_inputs` and :func:`select` take them)."""
-    return {**{k: opts[k] for k in NARROW_OPTIONS},
-            "data": [d for d in opts["data"] if d["lang"] == clang], "context_langs": [clang],
-            "methods": ["cross"]}
+def narrow_options(opts: Options, clang: str) -> dict:
+    """The options one context language's narrow cell depends on (its params, so its hash):
+    the options dict of :func:`narrowed`, cut to ``NARROW_OPTIONS``."""
+    given = narrowed(opts, clang).as_options()
+    return {**{k: given[k] for k in NARROW_OPTIONS},
+            **{k: given[k] for k in ("data", "context_langs", "methods")}}
+
+
+def narrowed(opts: Options, clang: str) -> Options:
+    """The options of one context language's narrow cell: its data files, its language,
+    method cross (what :func:`narrow_inputs` and :func:`select` read)."""
+    return opts.model_copy(update={"data": [d for d in opts.data if d.lang == clang],
+                                   "context_langs": [clang], "methods": ["cross"]})
 
 
 def sentence_id(text: str) -> str:
@@ -52,19 +63,20 @@ def query_key(qlang: str, needles: int) -> str:
     return f"q:{qlang}:{needles}"
 
 
-def queries(opts: Mapping) -> dict[str, str]:
+def queries(opts: Options) -> dict[str, str]:
     """query_key -> the text the sentences are ranked against (``query_text`` option)."""
-    templates = load_templates(opts.get("templates"))
-    return {query_key(q, n): query_text(q, n, opts["query_text"],
-                                        variant=opts["prompt_variant"], templates=templates)
-            for q in opts["query_langs"] for n in opts["needles"]}
+    templates = load_templates(opts.templates)
+    return {query_key(q, n): query_text(q, n, opts.query_text,
+                                        variant=opts.prompt_variant, templates=templates)
+            for q in opts.query_langs for n in opts.needles}
 
 
-def narrow_inputs(opts: Mapping, clang: str) -> dict:
+def narrow_inputs(opts: Options, clang: str) -> dict:
     """What the narrow stage embeds for one context language: ``sentences`` (id -> text, each
     distinct sentence once over every context of both needle counts), ``queries`` (query key
     -> text), and the counts (``sentences_total``, ``contexts``, ``context_errors``)."""
-    splitter, templates = splitter_for(opts), load_templates(opts.get("templates"))
+    opts = narrowed(opts, clang)
+    splitter, templates = splitter_for(opts), load_templates(opts.templates)
     sentences: dict[str, str] = {}
     total = contexts = bad = 0
     for ctx in load_contexts(opts):
@@ -82,7 +94,7 @@ def narrow_inputs(opts: Mapping, clang: str) -> dict:
             "contexts": contexts, "context_errors": bad}
 
 
-def select(opts: Mapping, clang: str, vectors: Mapping[str, np.ndarray], *,
+def select(opts: Options, clang: str, vectors: Mapping[str, np.ndarray], *,
            k_max: int | None = None) -> list[dict]:
     """One selection per (context of ``clang``, query language): the exact ranking of the
     context's sentences by similarity to the query (score descending, ties by sentence
@@ -90,15 +102,16 @@ def select(opts: Mapping, clang: str, vectors: Mapping[str, np.ndarray], *,
     1-based rank in the full ranking. ``vectors`` maps :func:`sentence_id` and
     :func:`query_key` to stored embeddings; a context with a sentence or query missing there
     is an error row."""
-    k_max = k_max or max(opts["ks"])
-    splitter, templates = splitter_for(opts), load_templates(opts.get("templates"))
+    opts = narrowed(opts, clang)
+    k_max = k_max or max(opts.ks)
+    splitter, templates = splitter_for(opts), load_templates(opts.templates)
     out = []
     for ctx in load_contexts(opts):
         if ctx["lang"] != clang:
             continue
         base = {"context_id": ctx["context_id"], "needles": ctx["needles"], "clang": clang,
                 "length": ctx["length"], "position": str(ctx["position"]), "run": ctx["run"]}
-        rows = [{**base, "qlang": q} for q in opts["query_langs"]]
+        rows = [{**base, "qlang": q} for q in opts.query_langs]
         if ctx.get("error"):
             out += [{**r, "error": ctx["error"]} for r in rows]
             continue

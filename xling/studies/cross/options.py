@@ -334,19 +334,19 @@ def unmatched_needles(path: str, lang: str, templates_path: str | None,
                       needles)
 
 
-def _check_prompts(qlangs: list[str], opts: dict) -> None:
+def _check_prompts(qlangs: list[str], given: dict) -> None:
     """Every (query language, needle count) has a prompt, made of verified strings unless
-    ``allow_unverified``."""
-    templates = load_templates(opts["templates"])
+    ``allow_unverified`` (``given``: the fields validated so far)."""
+    templates = load_templates(given["templates"])
     for qlang in qlangs:
-        for n in opts["needles"]:
+        for n in given["needles"]:
             try:
-                _, status = prompt_template(qlang, n, variant=opts["prompt_variant"],
+                _, status = prompt_template(qlang, n, variant=given["prompt_variant"],
                                             templates=templates)
             except KeyError as e:
                 raise ValueError(f"no {n}-needle prompt for {qlang!r} ({e}); add its strings "
                                  "to the templates file") from None
-            if status not in templates["_verified"] and not opts["allow_unverified"]:
+            if status not in templates["_verified"] and not given["allow_unverified"]:
                 raise ValueError(f"the {n}-needle prompt for {qlang!r} uses {status!r} strings, "
                                  "which are unverified; have them reviewed (templates.json) or "
                                  "set `allow_unverified: true`")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from .paper import STUDY
 from .rank import label_ranks, rank, selection_text
 from .split import ContextSplit, Splitter, context_split, splitter_for, splitter_is_oracle
 from .templates import load_templates, prompt_template
+
+if TYPE_CHECKING:
+    from .options import Options
 
 
 def setting_name(needles: int, method: str, k: int | None = None) -> str:
@@ -36,20 +39,20 @@ def parse_setting(setting: str) -> tuple[int, str, int | None]:
     return int(m.group(1)), m.group(3), None
 
 
-def settings(opts: Mapping) -> list[str]:
+def settings(opts: Options) -> list[str]:
     out = []
-    for n in opts["needles"]:
-        for method in opts["methods"]:
+    for n in opts.needles:
+        for method in opts.methods:
             if method == "cross":
-                out += [setting_name(n, "cross", k) for k in opts["ks"]]
+                out += [setting_name(n, "cross", k) for k in opts.ks]
             else:
                 out.append(setting_name(n, method))
     return out
 
 
-def cell_langs(opts: Mapping) -> list[str]:
+def cell_langs(opts: Options) -> list[str]:
     """``f"{query}-{context}"`` for every pair (never a dot: cell ids join with dots)."""
-    return [f"{q}-{c}" for q in opts["query_langs"] for c in opts["context_langs"]]
+    return [f"{q}-{c}" for q in opts.query_langs for c in opts.context_langs]
 
 
 def split_cell_lang(lang: str) -> tuple[str, str]:
@@ -64,7 +67,7 @@ def needs_selection(setting: str) -> bool:
     return parse_setting(setting)[1] == "cross"
 
 
-def prompt_cells(opts: Mapping) -> list[tuple[str, str]]:
+def prompt_cells(opts: Options) -> list[tuple[str, str]]:
     """(setting, ``q-c``) for every setting x pair that has contexts (a language shipped
     with 1 needle only gets no 3-needle cells)."""
     have = {(c["needles"], c["lang"]) for c in load_contexts(opts)}
@@ -178,7 +181,7 @@ def _found(gold: str, text: str) -> bool:
     return re.search(NUMBER_IN_TEXT.format(re.escape(gold)), text) is not None
 
 
-def prompt_row(ctx: Mapping, setting: str, qlang: str, opts: Mapping, *,
+def prompt_row(ctx: Mapping, setting: str, qlang: str, opts: Options, *,
                selection: Mapping | None = None, splitter: Splitter | None = None,
                templates: Mapping | None = None) -> dict:
     """One PROMPTS row (``item_id``=context id, ``study``, ``setting``, ``lang``=``q-c``,
@@ -189,14 +192,12 @@ def prompt_row(ctx: Mapping, setting: str, qlang: str, opts: Mapping, *,
             "prompt": None, "error": ctx.get("error"), "meta": None}
     if base["error"]:
         return base
-    templates = templates or load_templates(opts.get("templates"))
+    templates = templates or load_templates(opts.templates)
     splitter = splitter or splitter_for(opts)
     try:
-        text, info = given_text(ctx, method, k, selection=selection,
-                                order=opts.get("order", "score"), join=opts.get("join", " "),
-                                splitter=splitter, templates=templates)
-        template, status = prompt_template(qlang, needles,
-                                           variant=opts.get("prompt_variant", "paper"),
+        text, info = given_text(ctx, method, k, selection=selection, order=opts.order,
+                                join=opts.join, splitter=splitter, templates=templates)
+        template, status = prompt_template(qlang, needles, variant=opts.prompt_variant,
                                            templates=templates)
     except (ValueError, KeyError) as e:
         return {**base, "error": f"{type(e).__name__}: {e}"}
@@ -208,13 +209,12 @@ def prompt_row(ctx: Mapping, setting: str, qlang: str, opts: Mapping, *,
             "position": ctx["position"], "run": ctx["run"], "gold": ctx["gold"],
             "labels": labels, "target_in_text": _found(ctx["gold"], text),
             "all_in_text": all(_found(label, text) for label in labels),
-            "template_status": status, "prompt_variant": opts.get("prompt_variant", "paper"),
-            "order": opts.get("order", "score"), "join": opts.get("join", " "),
-            "scoring": opts.get("scoring", "exact"), **info}
+            "template_status": status, "prompt_variant": opts.prompt_variant,
+            "order": opts.order, "join": opts.join, "scoring": opts.scoring, **info}
     return {**base, "prompt": head + text + tail, "meta": meta}
 
 
-def prompt_rows(opts: Mapping, setting: str, lang: str, *, contexts: Sequence[Mapping] | None
+def prompt_rows(opts: Options, setting: str, lang: str, *, contexts: Sequence[Mapping] | None
                 = None, selections: Mapping[tuple[str, str], Mapping] | None = None,
                 filesystem=None) -> list[dict]:
     """The prompt rows of one cell (``setting``, ``lang`` = ``q-c``). ``selections`` maps
@@ -225,7 +225,7 @@ def prompt_rows(opts: Mapping, setting: str, lang: str, *, contexts: Sequence[Ma
     if contexts is None:
         contexts = load_contexts(opts, filesystem=filesystem)
     splitter = splitter_for(opts)
-    templates = load_templates(opts.get("templates"))
+    templates = load_templates(opts.templates)
     out = []
     for ctx in contexts:
         if ctx["lang"] != clang or ctx["needles"] != needles:

@@ -20,13 +20,16 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from xling.tasks import text as text_layer
 
 from .data import NUMBER_IN_TEXT
 from .paper import ORACLE_SPLITTERS, PUNKT_ENGLISH_DIR, SPLITTERS
 from .templates import load_templates
+
+if TYPE_CHECKING:
+    from .options import Options
 
 
 class Sentence(NamedTuple):
@@ -147,9 +150,8 @@ def splitter_is_oracle(fingerprint: str | None) -> bool:
     return str(fingerprint or "").split(":", 1)[0] in ORACLE_SPLITTERS
 
 
-def splitter_for(opts: Mapping) -> Splitter:
-    return make_splitter(opts.get("splitter", "multilingual"),
-                         opts.get("extra_terminators") or ())
+def splitter_for(opts: Options) -> Splitter:
+    return make_splitter(opts.splitter, opts.extra_terminators)
 
 
 def _needle_strings(template: str, city: str, label: str) -> list[str]:

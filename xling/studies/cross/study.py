@@ -9,8 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from xling.studies.base import Evidence, Narrowed, Opts, PromptSet, Rendered, Rows, \
-    StudyInputs
+from xling.studies.base import Evidence, Narrowed, PromptSet, Rendered, Rows, StudyInputs
 
 from . import narrow, prompts
 from .options import Options
@@ -28,8 +27,8 @@ class CROSS(Narrowed):
     score_columns: ClassVar[tuple[str, ...]] = ("meta", "n_prompt_tokens", "too_long",
                                                 "finish_reason")
 
-    def required_sections(self, opts: Opts) -> dict[str, str]:
-        if "cross" in opts["methods"]:
+    def required_sections(self, opts: Options) -> dict[str, str]:
+        if "cross" in opts.methods:
             return {"narrow": "study 'cross' with method cross needs a `narrow:` section (the "
                               "sentence embedder, e.g. `narrow: {model: BAAI/bge-m3}`), or "
                               "study.options.methods without cross"}
@@ -37,11 +36,11 @@ class CROSS(Narrowed):
 
     # --- prompts ------------------------------------------------------------------------
 
-    def prompt_sets(self, opts: Opts) -> list[PromptSet]:
+    def prompt_sets(self, opts: Options) -> list[PromptSet]:
         return [PromptSet(setting, lang) for setting, lang in prompts.prompt_cells(opts)]
 
-    def input_files(self, opts: Opts) -> list[str]:
-        return [d["path"] for d in opts["data"] if d["lang"] in opts["context_langs"]]
+    def input_files(self, opts: Options) -> list[str]:
+        return [d.path for d in opts.data if d.lang in opts.context_langs]
 
     def parser_for(self, setting: str) -> str:
         return "none"  # scoring reads the raw output (containment, s1.7)
@@ -52,7 +51,7 @@ class CROSS(Narrowed):
     def prompt_files(self) -> list[Path]:
         return [TEMPLATES_PATH]  # JSON: the prompt strings of every query language
 
-    def build_prompts(self, opts: Opts, setting: str, lang: str, *,
+    def build_prompts(self, opts: Options, setting: str, lang: str, *,
                       inputs: StudyInputs) -> Rows:
         return prompts.prompt_rows(opts, setting, lang, selections=inputs.selections)
 
@@ -64,34 +63,33 @@ class CROSS(Narrowed):
     def selection_lang(self, lang: str) -> str:
         return prompts.split_cell_lang(lang)[1]
 
-    def narrow_langs(self, opts: Opts) -> list[str]:
+    def narrow_langs(self, opts: Options) -> list[str]:
         return narrow.narrow_langs(opts)
 
-    def narrow_options(self, opts: Opts, lang: str) -> dict:
+    def narrow_options(self, opts: Options, lang: str) -> dict:
         return narrow.narrow_options(opts, lang)
 
-    def narrow_inputs(self, opts: Opts, lang: str) -> dict:
+    def narrow_inputs(self, opts: Options, lang: str) -> dict:
         return narrow.narrow_inputs(opts, lang)
 
-    def select(self, opts: Opts, lang: str, vectors: Mapping) -> Rows:
+    def select(self, opts: Options, lang: str, vectors: Mapping) -> Rows:
         return narrow.select(opts, lang, vectors)
 
     def hits_at(self, selections: Sequence[Mapping], ks: Sequence[int]) -> dict[str, float]:
         return narrow.hits_at(selections, ks)
 
-    def selection_summary(self, opts: Opts, selections: Sequence[Mapping]) -> dict:
-        return {"splitter": opts.get("splitter", "multilingual"),
-                "oracle": opts.get("splitter") == "oracle",
+    def selection_summary(self, opts: Options, selections: Sequence[Mapping]) -> dict:
+        return {"splitter": opts.splitter, "oracle": opts.splitter == "oracle",
                 "needle_isolated": narrow.needle_summary(selections)}
 
     # --- evaluation ---------------------------------------------------------------------
 
-    def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
+    def score(self, opts: Options, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
         from .metrics import score
 
         return score(opts, generations)
 
-    def render(self, opts: Opts, items: Rows, metrics: Rows) -> Rendered:
+    def render(self, opts: Options, items: Rows, metrics: Rows) -> Rendered:
         """The paper-shaped tables (markdown) and plots (PNG bytes by file name) of a run."""
         import pandas as pd
 

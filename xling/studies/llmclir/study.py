@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from xling.studies.base import Opts, Ranked
+from xling.studies.base import Ranked
 from xling.tasks.irmetrics import RunTable
 
 from . import tables
@@ -18,7 +18,7 @@ class LLMCLIR(Ranked):
     Options = Options
     paper = "LLM-based Cross-Lingual Information Retrieval: reranking (Zuo et al.)"
 
-    def required_sections(self, opts: Opts) -> dict[str, str]:
+    def required_sections(self, opts: Options) -> dict[str, str]:
         return {"retrieve": "study 'llmclir' renders the tables of the retrieve (and rerank) "
                             "stage's runs: add a `retrieve:` section",
                 "evaluate": "study 'llmclir' renders the evaluate stage's cells: add an "
@@ -30,9 +30,9 @@ class LLMCLIR(Ranked):
         # The paper's Figures 3 and 4, which the rerank library runs for every reranker.
         return [Path(rerank.__file__).with_name("rerank_prompts.yaml")]
 
-    def render_runs(self, opts: Opts, run_tables: list[RunTable], *, expected: Mapping | None,
+    def render_runs(self, opts: Options, run_tables: list[RunTable], *, expected: Mapping | None,
                     config: Mapping) -> str:
         paper_tables = ((expected or {}).get("paper") or {}).get("tables") or {}
         return tables.render(run_tables, paper_tables=paper_tables, config=config,
-                             show_headroom=opts["headroom"], show_paper=opts["paper"],
-                             show_settings=opts["settings"])
+                             show_headroom=opts.headroom, show_paper=opts.paper,
+                             show_settings=opts.settings)

@@ -15,7 +15,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from xling.studies.mirage.constants import FEATURE_ALIASES, FEATURES
-from xling.studies.mirage.options import Knobs, is_published
+from xling.studies.mirage.options import Knobs, Options, is_published
 from xling.studies.mirage.parse import normalize_verdict, parse_pairwise
 from xling.studies.mirage.prompts import parse_prompt
 
@@ -129,29 +129,29 @@ def load_judgments(path: str, lang: str, split: str = "dev",
 # What the study reads for a config's options
 # --------------------------------------------------------------------------------------
 
-def input_files(opts: Mapping) -> list[str]:
+def input_files(opts: Options) -> list[str]:
     """The Parquet files the study reads (the cells' inputs, fingerprinted by the runner)."""
-    roots = [opts["data"]] + ([opts["outputs"], opts["judgments"]] if is_published(opts) else [])
+    roots = [opts.data] + ([opts.outputs, opts.judgments] if is_published(opts) else [])
     files = []
     for root in roots:
         fs, base = _filesystem(root, None)
         scheme = root.split("://", 1)[0] + "://" if "://" in root else ""
-        for lang in opts["langs"]:
+        for lang in opts.langs:
             found = fs.get_file_info(pafs.FileSelector(f"{base.rstrip('/')}/{lang}",
                                                        recursive=True, allow_not_found=True))
             names = sorted(f.path for f in found if f.type == pafs.FileType.File
-                           and _split_file(opts["split"], f.base_name))
+                           and _split_file(opts.split, f.base_name))
             if not names:
-                raise FileNotFoundError(f"{root}: no {lang}/{opts['split']}-*.parquet; point "
+                raise FileNotFoundError(f"{root}: no {lang}/{opts.split}-*.parquet; point "
                                         "study.options at a snapshot of the hub dataset")
             files += [scheme + name if scheme else name for name in names]
     return files
 
 
-def items_of(opts: Mapping, lang: str) -> list[dict]:
+def items_of(opts: Options, lang: str) -> list[dict]:
     """The language's queries (the first ``limit``, in file order)."""
-    items = load_queries(opts["data"], lang, opts["split"])
-    return items[:opts["limit"]] if opts.get("limit") else items
+    items = load_queries(opts.data, lang, opts.split)
+    return items[:opts.limit] if opts.limit else items
 
 
 def failed(gen: Mapping) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from xling.studies.mirage.constants import SCORERS
 from xling.studies.mirage.data import failed, items_of
-from xling.studies.mirage.options import Knobs, is_published
+from xling.studies.mirage.options import Knobs, Options, is_published
 from xling.studies.mirage.parse import (BRACKET, answer_parts, bracket_ids, cited_ids,
                                         first_paragraph, overlap_answer, parse_llm_score)
 from xling.studies.mirage.prompts import answer_overlap_prompt, fluency_prompt
@@ -200,11 +200,11 @@ def overlap_label(outputs: Sequence[tuple[str, str]], knobs: Knobs = Knobs()) ->
 # The features stage's protocol (Featured)
 # --------------------------------------------------------------------------------------
 
-def scorers(opts: Mapping) -> list[str]:
+def scorers(opts: Options) -> list[str]:
     """The scorers the chosen features need (none when the features are published)."""
     if is_published(opts):
         return []
-    chosen = set(opts["features"])
+    chosen = set(opts.features)
     return [scorer for scorer, names in SCORERS.items() if chosen & set(names)]
 
 
@@ -249,7 +249,7 @@ def _scorer_rows(scorer: str, base: dict, item: Mapping, output: str, lang: str,
     raise ValueError(f"unknown scorer {scorer!r}; MIRAGE's are {sorted(SCORERS)}")
 
 
-def feature_inputs(opts: Mapping, scorer: str, lang: str, generations: Sequence[Mapping],
+def feature_inputs(opts: Options, scorer: str, lang: str, generations: Sequence[Mapping],
                    ) -> list[dict]:
     """What one scorer is asked about a language's generations: rows ``input_id, item_id,
     model`` plus the scorer's inputs (``premise, hypothesis`` for nli; ``query, passage`` for
@@ -274,7 +274,7 @@ def feature_inputs(opts: Mapping, scorer: str, lang: str, generations: Sequence[
     return rows
 
 
-def lexical_scores(opts: Mapping, rows: Sequence[Mapping]) -> list[dict]:
+def lexical_scores(opts: Options, rows: Sequence[Mapping]) -> list[dict]:
     """Features 3, 4, 8, 9 of lexical input rows (``output, label, qrels`` JSON, ``lang``),
     one ``{feature: value}`` per row. The BLEU/ROUGE label is the reference model's answer
     (None without one, so those two features are missing)."""
@@ -283,7 +283,7 @@ def lexical_scores(opts: Mapping, rows: Sequence[Mapping]) -> list[dict]:
                            row["lang"], knobs) for row in rows]
 
 
-def reduce_features(opts: Mapping, scored: Sequence[Mapping]):
+def reduce_features(opts: Options, scored: Sequence[Mapping]):
     """The features stage's scored rows (``scorer, lang, item_id, model, scores {name:
     value}, output, kind``) -> a DataFrame of long feature rows ``lang, query_id, model,
     feature, value`` (s3 formulas). Rows are keyed by (lang, query id): MIRACL dev query

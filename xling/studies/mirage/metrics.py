@@ -15,16 +15,16 @@ import pandas as pd
 from xling.studies.mirage.constants import LLM_FEATURES, REGRESSORS, SETTING, STUDY
 from xling.studies.mirage.data import items_of, load_judgments, load_outputs
 from xling.studies.mirage.features import reduce_features
-from xling.studies.mirage.options import Knobs, is_published
+from xling.studies.mirage.options import Knobs, Options, is_published
 from xling.studies.mirage.pairs import merge_orders, split_pair_id
 from xling.studies.mirage.surrogate import arena, feature_set_taus, regressor_ablation
 
 
-def _published_inputs(opts: Mapping, lang: str, knobs: Knobs
+def _published_inputs(opts: Options, lang: str, knobs: Knobs
                       ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    gens, feats = load_outputs(opts["outputs"], lang, opts["split"])
-    judgments = load_judgments(opts["judgments"], lang, opts["split"], knobs=knobs)
-    if opts.get("limit"):
+    gens, feats = load_outputs(opts.outputs, lang, opts.split)
+    judgments = load_judgments(opts.judgments, lang, opts.split, knobs=knobs)
+    if opts.limit:
         keep = {item["query_id"] for item in items_of(opts, lang)}
         gens, feats = gens[gens["query_id"].isin(keep)], feats[feats["query_id"].isin(keep)]
         judgments = judgments[judgments["query_id"].isin(keep)]
@@ -57,7 +57,7 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _language_inputs(opts: Mapping, lang: str, knobs: Knobs, generations: Sequence[Mapping],
+def _language_inputs(opts: Options, lang: str, knobs: Knobs, generations: Sequence[Mapping],
                      judgments: Sequence[Mapping] | None, run_features: pd.DataFrame | None
                      ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """One language's generations (``item_id, model, output``), long feature rows and
@@ -68,24 +68,24 @@ def _language_inputs(opts: Mapping, lang: str, knobs: Knobs, generations: Sequen
     gens = pd.DataFrame([g for g in generations if g["lang"] == lang],
                         columns=["item_id", "model", "output", "error"])
     judged = _run_judgments(judgments or [], lang)
-    if opts.get("both_orders"):
+    if opts.both_orders:
         judged = merge_orders(judged)
     # keyed by (lang, query id): MIRACL dev ids repeat across languages
     return gens, run_features[run_features["lang"] == lang], judged
 
 
-def arena_roster(opts: Mapping, judged: pd.DataFrame, answered: Iterable[str]
+def arena_roster(opts: Options, judged: pd.DataFrame, answered: Iterable[str]
                  ) -> tuple[list[str], list[str]]:
     """The language's arena: the models the judge compared (``models`` narrows them), and
     the models that answered (or were listed) but were never judged. An unjudged model has
     no Bradley-Terry score (it would read theta = 0 +- 0) and is no surrogate training row."""
     judged_models = set(judged["model_A"]) | set(judged["model_B"])
-    wanted = list(opts.get("models") or sorted(judged_models | set(answered)))
+    wanted = list(opts.models or sorted(judged_models | set(answered)))
     return ([m for m in wanted if m in judged_models],
             [m for m in wanted if m not in judged_models])
 
 
-def check_held_out(opts: Mapping, lang: str, roster: Sequence[str], knobs: Knobs) -> None:
+def check_held_out(opts: Options, lang: str, roster: Sequence[str], knobs: Knobs) -> None:
     """Held-out names outside the arena are refused: a name that matches no model would
     leave the surrogate trained on every model (Table 5 empty, tau in sample) silently."""
     unknown = [m for m in knobs.held_out if m not in roster]
@@ -160,7 +160,7 @@ def _language_metrics(lang: str, result: dict, roster: list[str], query_ids: lis
     return metrics
 
 
-def score(opts: Mapping, generations: Sequence[Mapping], judgments: Sequence[Mapping] | None,
+def score(opts: Options, generations: Sequence[Mapping], judgments: Sequence[Mapping] | None,
           features: Sequence[Mapping] | None = None) -> tuple[list[dict], list[dict]]:
     """Per language: the BT leaderboard with bootstrap intervals (Tables 7/8) over the judged
     models (`arena_roster`), the surrogate's scores in sample and out of fold, tau (Table 2)
@@ -172,7 +172,7 @@ def score(opts: Mapping, generations: Sequence[Mapping], judgments: Sequence[Map
     run_features = reduce_features(opts, features or []) if not is_published(opts) else None
     items, metrics = [], []
     taus: dict[str, dict[str, float]] = {"kendall_tau": {}, "kendall_tau_oof": {}}
-    for lang in opts["langs"]:
+    for lang in opts.langs:
         gens, feats, judged = _language_inputs(opts, lang, knobs, generations, judgments,
                                                run_features)
         roster, unjudged = arena_roster(opts, judged, gens["model"])
@@ -183,7 +183,7 @@ def score(opts: Mapping, generations: Sequence[Mapping], judgments: Sequence[Map
         check_held_out(opts, lang, roster, knobs)
         query_ids = sorted({str(q) for q in gens["item_id"]})
         result = arena(judged, feats, roster, knobs, query_ids=query_ids)
-        if opts.get("ablations"):  # Tables 3 and 4
+        if opts.ablations:  # Tables 3 and 4
             result["feature_sets"] = feature_set_taus(result["bootstrap"], feats, query_ids,
                                                       knobs)
             kinds = [k for k in REGRESSORS if k != "xgboost" or _has("xgboost")]

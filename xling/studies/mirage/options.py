@@ -69,11 +69,11 @@ class Knobs:
         return replace(cls(**{name: "reference" for name in COMPAT_ITEMS}), **overrides)
 
     @classmethod
-    def of(cls, opts: Mapping[str, Any]) -> Knobs:
-        """The knobs of a validated options dict (lists read as tuples)."""
-        fields = cls.__dataclass_fields__
-        return cls(**{key: (tuple(value) if isinstance(value, list) else value)
-                      for key, value in opts.items() if key in fields})
+    def of(cls, opts: Options) -> Knobs:
+        """The knobs of the validated options (lists read as tuples)."""
+        values = {name: getattr(opts, name) for name in cls.__dataclass_fields__}
+        return cls(**{name: (tuple(value) if isinstance(value, list) else value)
+                      for name, value in values.items()})
 
     def ref(self, name: str) -> bool:
         return getattr(self, name) == "reference"
@@ -95,9 +95,9 @@ def check_names(held_out, roster, what: str) -> None:
                          "to train the surrogate on; hold out fewer")
 
 
-def is_published(opts: Mapping[str, Any]) -> bool:
+def is_published(opts: Options) -> bool:
     """True when the hub's answers, features and verdicts stand in for this run's."""
-    return opts.get("source") == "published"
+    return opts.source == "published"
 
 
 def _compat_field(what: str) -> Any:

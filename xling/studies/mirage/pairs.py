@@ -14,7 +14,7 @@ import pandas as pd
 
 from xling.studies.mirage.constants import STUDY
 from xling.studies.mirage.data import items_of, outputs_by_query
-from xling.studies.mirage.options import Knobs
+from xling.studies.mirage.options import Knobs, Options
 from xling.studies.mirage.parse import judge_answer
 from xling.studies.mirage.prompts import pair_prompt
 
@@ -61,7 +61,7 @@ def pair_prompts(items: Sequence[Mapping], outputs: Mapping[str, Mapping[str, st
     return rows
 
 
-def pair_rows(opts: Mapping, generations: Sequence[Mapping]) -> list[dict]:
+def pair_rows(opts: Options, generations: Sequence[Mapping]) -> list[dict]:
     """The arena's judge prompts for one (setting, lang): every pair of models on the seeded
     query subset, ``item_id = query|model_A|model_B`` (both orders with ``both_orders``).
     The prompts are filled from the template constant for each pair, so every prompt holds
@@ -71,13 +71,13 @@ def pair_rows(opts: Mapping, generations: Sequence[Mapping]) -> list[dict]:
     knobs, lang = Knobs.of(opts), generations[0]["lang"]
     setting = generations[0]["setting"]
     outs = outputs_by_query(generations)
-    roster = opts.get("models") or sorted({g["model"] for g in generations})
+    roster = opts.models or sorted({g["model"] for g in generations})
     items = items_of(opts, lang)
     rows = []
     for pair in pair_prompts(items, outs, roster, knobs):
         query_id, model_a, model_b = pair["query_id"], pair["model_A"], pair["model_B"]
         asked = [(model_a, model_b, pair["prompt"])]
-        if opts.get("both_orders"):
+        if opts.both_orders:
             item = next(i for i in items if i["query_id"] == query_id)
             swapped = pair_prompt(item["query"], item["passages"],
                                   judge_answer(outs[query_id][model_b], knobs),

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from xling.studies.base import (Cited, Evidence, Opts, PromptSet, Rendered, Retrieving, Rows,
+from xling.studies.base import (Cited, Evidence, PromptSet, Rendered, Retrieving, Rows,
                                 StudyInputs, StudyOptions)
 
 SETTING = "report"
@@ -43,17 +43,17 @@ class Options(StudyOptions):
                                                     "(NeuCLIR-2024 request files: 2000)")
 
 
-def read_requests(opts: Opts) -> dict[str, str]:
+def read_requests(opts: Options) -> dict[str, str]:
     """{request id: text} of every doc language's file, in file order."""
     out: dict[str, str] = {}
-    for dl in opts["doc_langs"]:
-        with open(opts["requests"].replace("{doc_lang}", dl), encoding="utf-8") as f:
+    for dl in opts.doc_langs:
+        with open(opts.requests.replace("{doc_lang}", dl), encoding="utf-8") as f:
             for line in f:
                 if line.strip():
                     qid, _, text = line.rstrip("\n").partition("\t")
                     out.setdefault(qid.strip(), text.strip())
     items = list(out.items())
-    return dict(items[:opts["limit"]] if opts.get("limit") else items)
+    return dict(items[:opts.limit] if opts.limit else items)
 
 
 class RAGTIME(Retrieving, Cited):
@@ -61,15 +61,15 @@ class RAGTIME(Retrieving, Cited):
     Options = Options
     paper = "TREC 2025 RAGTIME-shaped reports (multilingual retrieval, cited English reports)"
 
-    def retrieval(self, opts: Opts) -> dict:
-        return {"run": opts["run"], "topics": opts["topics"], "qlang": opts["lang"],
-                "doc_langs": list(opts["doc_langs"]), "k": opts["k"], "texts": opts["texts"]}
+    def retrieval(self, opts: Options) -> dict:
+        return {"run": opts.run, "topics": opts.topics, "qlang": opts.lang,
+                "doc_langs": list(opts.doc_langs), "k": opts.k, "texts": opts.texts}
 
-    def prompt_sets(self, opts: Opts) -> list[PromptSet]:
-        return [PromptSet(SETTING, opts["lang"])]
+    def prompt_sets(self, opts: Options) -> list[PromptSet]:
+        return [PromptSet(SETTING, opts.lang)]
 
-    def input_files(self, opts: Opts) -> list[str]:
-        return [opts["requests"].replace("{doc_lang}", dl) for dl in opts["doc_langs"]]
+    def input_files(self, opts: Options) -> list[str]:
+        return [opts.requests.replace("{doc_lang}", dl) for dl in opts.doc_langs]
 
     def parser_for(self, setting: str) -> str:
         return "none"
@@ -77,7 +77,7 @@ class RAGTIME(Retrieving, Cited):
     def parsers(self) -> dict:
         return {}
 
-    def build_prompts(self, opts: Opts, setting: str, lang: str, *,
+    def build_prompts(self, opts: Options, setting: str, lang: str, *,
                       inputs: StudyInputs) -> Rows:
         rows = []
         for qid, text in read_requests(opts).items():
@@ -88,24 +88,25 @@ class RAGTIME(Retrieving, Cited):
                 listing = "\n".join(f"[{d['docid']}] {' '.join(d['text'].split())}"
                                     for d in docs)
                 row["prompt"] = [{"role": "user", "content": PROMPT.format(
-                    example=docs[0]["docid"], limit=opts["char_limit"], request=text,
+                    example=docs[0]["docid"], limit=opts.char_limit, request=text,
                     documents=listing)}]
             rows.append(row)
         return rows
 
     # -- Cited ---------------------------------------------------------------------------
 
-    def nugget_options(self, opts: Opts) -> dict:
-        return {k: opts[k] for k in ("requests", "doc_langs", "lang", "run", "topics", "k",
-                                     "texts", "limit")}
+    def nugget_options(self, opts: Options) -> dict:
+        given = opts.as_options()
+        return {k: given[k] for k in ("requests", "doc_langs", "lang", "run", "topics", "k",
+                                      "texts", "limit")}
 
-    def nugget_topics(self, opts: Opts, lang: str, inputs: StudyInputs | None = None) -> Rows:
+    def nugget_topics(self, opts: Options, lang: str, inputs: StudyInputs | None = None) -> Rows:
         retrieved = (inputs.retrieved if inputs else None) or {}
         return [{"topic_id": qid, "query": text, "error": None,
                  "documents": retrieved.get(qid, [])}
                 for qid, text in read_requests(opts).items()]
 
-    def cited_answer(self, opts: Opts, generation: Mapping) -> list[dict]:
+    def cited_answer(self, opts: Options, generation: Mapping) -> list[dict]:
         from xling.tasks.ragruns import cited_sentences
 
         text = (generation.get("parsed") or {}).get("answer") or generation.get("output") or ""
@@ -113,7 +114,7 @@ class RAGTIME(Retrieving, Cited):
 
     # -- scoring: the reports' shape (the nuggets stage scores their content) -------------
 
-    def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
+    def score(self, opts: Options, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
         items, metrics = [], []
         by_model: dict[str, list[dict]] = {}
         for g in generations:
@@ -122,19 +123,19 @@ class RAGTIME(Retrieving, Cited):
             n = len(unicodedata.normalize("NFKC", " ".join(s["text"] for s in sents)))
             item = {"item_id": g["item_id"], "model": g["model"], "lang": g["lang"],
                     "error": g.get("error") if not text else None, "characters": n,
-                    "over_limit": n > opts["char_limit"], "sentences": len(sents),
+                    "over_limit": n > opts.char_limit, "sentences": len(sents),
                     "cited_sentences": sum(bool(s["citations"]) for s in sents)}
             items.append(item)
             by_model.setdefault(g["model"], []).append(item)
         for model, its in sorted(by_model.items()):
             for name in ("characters", "sentences", "cited_sentences", "over_limit"):
-                metrics.append({"study": self.name, "setting": SETTING, "lang": opts["lang"],
+                metrics.append({"study": self.name, "setting": SETTING, "lang": opts.lang,
                                 "model": model, "metric": name,
                                 "value": sum(float(i[name]) for i in its) / len(its),
                                 "ci_low": None, "ci_high": None, "n": len(its)})
         return items, metrics
 
-    def render(self, opts: Opts, items: Rows, metrics: Rows) -> Rendered:
+    def render(self, opts: Options, items: Rows, metrics: Rows) -> Rendered:
         from xling.tasks.tables import pipe_table
 
         m = {(r["model"], r["metric"]): r["value"] for r in metrics}
@@ -144,6 +145,6 @@ class RAGTIME(Retrieving, Cited):
                 for model in models]
         return Rendered(pipe_table(
             ["model", "characters (mean)", "sentences", "cited sentences", "% over limit"],
-            rows, title=f"RAGTIME-shaped reports over run '{opts['run']}' (top {opts['k']} "
-                        f"documents, {opts['texts']} texts; limit {opts['char_limit']} "
+            rows, title=f"RAGTIME-shaped reports over run '{opts.run}' (top {opts.k} "
+                        f"documents, {opts.texts} texts; limit {opts.char_limit} "
                         "NFKC characters)", heading="###"), {})

@@ -9,12 +9,16 @@ import json
 import math
 import re
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from xling.tasks.tables import wilson
 from xling.tasks.judge import cohen_kappa, language_ok, majority_vote, normalize_verdict
 
 from .data import open_path
 from .settings import SETTING_SPECS, STUDY, expected_language
+
+if TYPE_CHECKING:
+    from .options import Options
 
 Key = tuple[str, str, str, str]  # (setting, lang, model, item_id)
 # Extra generation columns the evaluate stage reads for scoring: the engine's record of a
@@ -77,7 +81,7 @@ def read_labels(path: str) -> dict[Key, bool]:
     return out
 
 
-def score_generations(opts: dict, generations: list[dict], judgments: list[dict] | None,
+def score_generations(opts: Options, generations: list[dict], judgments: list[dict] | None,
           detected: dict | None = None, labels: str | None = None
           ) -> tuple[list[dict], list[dict]]:
     """Per-generation verdicts and the metrics rows (README.md, "Metrics").
@@ -89,7 +93,7 @@ def score_generations(opts: dict, generations: list[dict], judgments: list[dict]
     no judge gave a valid verdict for (``unjudged``); one whose output (even blank) has no
     parsed answer is incorrect (``unparsed``: it did not answer in the asked format).
     Accuracy is over every item of a cell, failed and unjudged ones counting as wrong (the
-    paper's accuracy is over all items), or, with ``opts["accuracy_over"] == "judged"``,
+    paper's accuracy is over all items), or, with ``opts.accuracy_over == "judged"``,
     over the items with a verdict; the counts are metric rows either way.
     ``judgments=None`` (no judge panel): no verdicts, only the answer and language rates.
     """
@@ -216,7 +220,7 @@ def _cell_metrics(setting: str, lang: str, model: str, rows: list[dict], panel: 
     return out
 
 
-def _metrics(opts: dict, items: list[dict], panel: bool, with_language: bool) -> list[dict]:
+def _metrics(opts: Options, items: list[dict], panel: bool, with_language: bool) -> list[dict]:
     """Every cell's metrics, then the ``lang="avg"`` rows: the unweighted mean over the
     configured languages, only where every language has a value."""
     cells: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
@@ -228,13 +232,13 @@ def _metrics(opts: dict, items: list[dict], panel: bool, with_language: bool) ->
     by_lang: dict[tuple[str, str, str], dict[str, dict]] = defaultdict(dict)
     for (setting, lang, model), rows in sorted(cells.items()):
         cell_rows = _cell_metrics(setting, lang, model, rows, panel, with_language,
-                                  opts.get("accuracy_over", "all"))
+                                  opts.accuracy_over)
         out += cell_rows
         for r in cell_rows:
             if r["metric"] not in (*COUNTS, "truncated"):
                 by_lang[(setting, model, r["metric"])][lang] = r
     for (setting, model, metric), rows_of_lang in sorted(by_lang.items()):
-        values = [rows_of_lang.get(lang) for lang in opts["langs"]]
+        values = [rows_of_lang.get(lang) for lang in opts.langs]
         if any(v is None or v["value"] is None for v in values):
             continue
         out.append(_metric_row(setting, "avg", model, metric,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import items_for
-from .options import ARTICLE_ORDERS
+from .options import ARTICLE_ORDERS, Options
 from .settings import SETTING_SPECS, STUDY, spec_of
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.yaml")
@@ -106,7 +106,7 @@ def _row(item_id: str, setting: str, lang: str, prompt, error: str | None,
             "prompt": prompt, "error": error, "meta": meta}
 
 
-def _translated(articles: list[dict], setting: str, opts: dict,
+def _translated(articles: list[dict], setting: str, opts: Options,
                 translations: dict[str, str] | None) -> list[dict] | str:
     """The articles with the setting's X articles replaced by their English translation
     (ES: the supporting ones; ES+ED: all), or the error naming the missing translations.
@@ -126,13 +126,13 @@ def _translated(articles: list[dict], setting: str, opts: dict,
                             "translated": True})
     if missing:
         return (f"no English translation of article(s) {', '.join(missing)} "
-                f"(translations source '{opts.get('translations')}'; {setting} "
+                f"(translations source '{opts.translations}'; {setting} "
                 f"needs the {'supporting ' if spec.translate == 'supporting' else ''}"
                 "X articles in English)")
     return swapped
 
 
-def build_prompt(item: dict, setting: str, opts: dict, *,
+def build_prompt(item: dict, setting: str, opts: Options, *,
                  translations: dict[str, str] | None = None,
                  flags: dict[str, str] | None = None) -> dict:
     """The prompt row of one item in one setting (an error row when it cannot be built)."""
@@ -157,19 +157,19 @@ def build_prompt(item: dict, setting: str, opts: dict, *,
         flagged = sorted({a["doc_id"] for a in articles if a.get("translated")
                           and a["doc_id"] in (flags or {})})
         meta = {"flagged_translations": flagged}
-        if flagged and opts.get("flagged_translations", "use") == "wrong":
+        if flagged and opts.flagged_translations == "wrong":
             return _row(item["id"], setting, lang, None,
                         f"translation of article(s) {', '.join(flagged)} flagged by the "
                         f"language check ({flags[flagged[0]]}); flagged_translations: wrong "
                         "counts the item as wrong", meta)
-    articles = order_articles(articles, opts.get("article_order", "given"), item_id=item["id"],
-                              seed=opts.get("shuffle_seed", 0))
-    limit = opts.get("max_article_words")
-    articles = [{**a, "text": truncate_words(a["text"], limit)} for a in articles]
+    articles = order_articles(articles, opts.article_order, item_id=item["id"],
+                              seed=opts.shuffle_seed)
+    articles = [{**a, "text": truncate_words(a["text"], opts.max_article_words)}
+                for a in articles]
     return _row(item["id"], setting, lang, render_prompt(question, articles), None, meta)
 
 
-def build_prompts(opts: dict, setting: str, lang: str, *,
+def build_prompts(opts: Options, setting: str, lang: str, *,
                   translations: dict[str, str] | None = None,
                   flags: dict[str, str] | None = None) -> list[dict]:
     """Prompt rows ``{item_id, study, setting, lang, prompt (chat messages), error}`` of one
@@ -178,16 +178,16 @@ def build_prompts(opts: dict, setting: str, lang: str, *,
     error rows of the first configured language's cells, so each is counted once per
     setting. A duplicate id within the cell is an error row."""
     spec = spec_of(setting)
-    first = opts["langs"][0] if opts.get("langs") else lang
+    first = opts.langs[0]
     rows, seen, taken = [], set(), 0
-    for item in items_for(opts["data"], lang):
+    for item in items_for(opts.data, lang):
         if item["error"]:
             if item["lang"] == lang or (item["lang"] is None and lang == first):
                 rows.append(_row(item["id"], setting, lang, None, item["error"]))
             continue
         if item["subset"] != spec.subset:
             continue
-        if opts.get("limit") is not None and taken >= opts["limit"]:
+        if opts.limit is not None and taken >= opts.limit:
             break
         taken += 1
         if item["id"] in seen:
@@ -223,7 +223,7 @@ def judge_prompt(item: dict, answer: str) -> list[dict]:
         "judge", question=str(question), answer=str(gold), pred=str(answer))}]
 
 
-def judge_rows(opts: dict, generations: Iterable[dict]) -> list[dict]:
+def judge_rows(opts: Options, generations: Iterable[dict]) -> list[dict]:
     """Judge prompt rows ``{item_id, study, setting, lang, model, prompt, error}``, one per
     generation (a generation with no parsed answer, or of an unknown item, is an error row:
     nothing to judge). Convenience over :func:`judge_prompt` for the judge stage."""
@@ -236,7 +236,7 @@ def judge_rows(opts: dict, generations: Iterable[dict]) -> list[dict]:
                "model": generation.get("model"), "prompt": None, "error": None}
         rows.append(row)
         if lang not in by_lang:
-            by_lang[lang] = {it["id"]: it for it in items_for(opts["data"], lang)
+            by_lang[lang] = {it["id"]: it for it in items_for(opts.data, lang)
                              if not it["error"]}
         item = by_lang[lang].get(item_id)
         parsed = generation.get("parsed")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from xling.studies.base import (Cited, Evidence, Judged, Opts, PromptSet, Rendered, Rows,
+from xling.studies.base import (Cited, Evidence, Judged, PromptSet, Rendered, Rows,
                                 StudyInputs, Translated)
 
 from . import prompts, settings
@@ -28,22 +28,22 @@ class XRAG(Translated, Judged, Cited):
             "EMNLP 2025, arXiv:2505.10089)"
     score_columns = SCORE_COLUMNS
 
-    def required_sections(self, opts: Opts) -> dict[str, str]:
-        translated = [s for s in opts["settings"] if settings.needs_translation(s)]
+    def required_sections(self, opts: Options) -> dict[str, str]:
+        translated = [s for s in opts.settings if settings.needs_translation(s)]
         if not translated:
             return {}
         return {"translate": f"study settings {', '.join(translated)} read the X-language "
                              "articles machine-translated to English: add translate.documents "
-                             f"entry '{opts['translations']}' (format: xrag) with the run's "
+                             f"entry '{opts.translations}' (format: xrag) with the run's "
                              "langs and targets [en]"}
 
-    def prompt_sets(self, opts: Opts) -> list[PromptSet]:
+    def prompt_sets(self, opts: Options) -> list[PromptSet]:
         """One set per (language, setting), language-major (the loader caches per
         language)."""
-        return [PromptSet(s, lang) for lang in opts["langs"] for s in opts["settings"]]
+        return [PromptSet(s, lang) for lang in opts.langs for s in opts.settings]
 
-    def input_files(self, opts: Opts) -> list[str]:
-        return [opts["data"]]
+    def input_files(self, opts: Options) -> list[str]:
+        return [opts.data]
 
     def parser_for(self, setting: str) -> str:
         settings.spec_of(setting)  # an unknown setting is an error
@@ -52,18 +52,18 @@ class XRAG(Translated, Judged, Cited):
     def parsers(self) -> dict:
         return {}  # the generic answer_tag parser reads Figures 18 and 19's <answer>
 
-    def build_prompts(self, opts: Opts, setting: str, lang: str, *,
+    def build_prompts(self, opts: Options, setting: str, lang: str, *,
                       inputs: StudyInputs) -> Rows:
         return prompts.build_prompts(opts, setting, lang, translations=inputs.translations,
                                      flags=inputs.translation_flags)
 
     # -- nuggets (Cited): XRAG's answers cite nothing, so only nugget recall applies --------
 
-    def nugget_options(self, opts: Opts) -> dict:
-        return {"data": opts["data"], "limit": opts.get("limit"),
-                "subsets": sorted({settings.spec_of(s).subset for s in opts["settings"]})}
+    def nugget_options(self, opts: Options) -> dict:
+        return {"data": opts.data, "limit": opts.limit,
+                "subsets": sorted({settings.spec_of(s).subset for s in opts.settings})}
 
-    def nugget_topics(self, opts: Opts, lang: str, inputs=None) -> Rows:
+    def nugget_topics(self, opts: Options, lang: str, inputs=None) -> Rows:
         """The instances the settings ask (the first `limit` of each subset used), their
         articles in stored order, `is_support` as the label (1 supporting, 0 not)."""
         from .data import items_for
@@ -71,11 +71,11 @@ class XRAG(Translated, Judged, Cited):
         subsets = self.nugget_options(opts)["subsets"]
         taken: dict[str, int] = {}
         out = []
-        for item in items_for(opts["data"], lang):
+        for item in items_for(opts.data, lang):
             if item["error"] or item["subset"] not in subsets:
                 continue
             taken[item["subset"]] = taken.get(item["subset"], 0) + 1
-            if opts.get("limit") is not None and taken[item["subset"]] > opts["limit"]:
+            if opts.limit is not None and taken[item["subset"]] > opts.limit:
                 continue
             out.append({"topic_id": item["id"], "query": item["question"], "error": None,
                         "documents": [{"docid": a["doc_id"], "title": a["title"],
@@ -83,21 +83,20 @@ class XRAG(Translated, Judged, Cited):
                                       for a in item["articles"]]})
         return out
 
-    def cited_answer(self, opts: Opts, generation) -> list[dict]:
+    def cited_answer(self, opts: Options, generation) -> list[dict]:
         from xling.tasks.text import sentences
 
         answer = ((generation.get("parsed") or {}).get("answer") or "").strip()
         return [{"text": s.strip(), "citations": []}
                 for s in (sentences(answer, generation["lang"]) if answer else []) if s.strip()]
 
-    def check_config(self, opts: Opts, cfg) -> None:
+    def check_config(self, opts: Options, cfg) -> None:
         """`flagged_translations: use` needs the flagged articles translated: their translate
         entry must check with `lang_check: flag` (or off), not drop them as errors."""
-        if cfg.translate is None or opts.get("flagged_translations", "use") != "use" or \
-                not any(settings.needs_translation(s) for s in opts["settings"]):
+        if cfg.translate is None or opts.flagged_translations != "use" or \
+                not any(settings.needs_translation(s) for s in opts.settings):
             return
-        spec = next((d for d in cfg.translate.documents if d.name == opts["translations"]),
-                    None)
+        spec = next((d for d in cfg.translate.documents if d.name == opts.translations), None)
         check = (spec.lang_check if spec is not None else None) or cfg.translate.lang_check
         if spec is not None and check == "error":
             raise ValueError(
@@ -106,11 +105,11 @@ class XRAG(Translated, Judged, Cited):
                 f"'{spec.name}' drops them (lang_check: error): set lang_check: flag on that "
                 "entry, or study.options.flagged_translations: wrong")
 
-    def score(self, opts: Opts, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
+    def score(self, opts: Options, generations: Rows, evidence: Evidence) -> tuple[Rows, Rows]:
         return score_generations(opts, generations, evidence.judgments,
                                  detected=evidence.detected, labels=evidence.labels)
 
-    def render(self, opts: Opts, items: Rows, metrics: Rows) -> Rendered:
+    def render(self, opts: Options, items: Rows, metrics: Rows) -> Rendered:
         return Rendered(tables(metrics, options=opts), {})
 
     def read_documents(self, fmt: str, stream: IO, *, lang: str,
@@ -129,11 +128,11 @@ class XRAG(Translated, Judged, Cited):
         return settings.needs_translation(setting)
 
     # Judged
-    def judge_rows(self, opts: Opts, generations: Rows) -> Rows:
+    def judge_rows(self, opts: Options, generations: Rows) -> Rows:
         return prompts.judge_rows(opts, generations)
 
-    def judge_parser(self, opts: Opts) -> str:
+    def judge_parser(self, opts: Options) -> str:
         return "verdict"  # Figure 20's JSON reply; tasks/judge.py reads "answer" as the verdict
 
-    def answer_languages(self, opts: Opts) -> list[str]:
-        return list(opts["langs"])
+    def answer_languages(self, opts: Options) -> list[str]:
+        return list(opts.langs)

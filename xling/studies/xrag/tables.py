@@ -6,12 +6,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from xling.tasks.tables import delta, fmt, pipe_table, read_expected
 
 from .data import open_path
 from .metrics import COUNTS
 from .settings import LANGS, SETTING_SPECS, SETTINGS, STUDY, TABLE6_ROWS
+
+if TYPE_CHECKING:
+    from .options import Options
 
 CHECKOUT_EXPECTED = Path(os.path.abspath(__file__)).parents[3] / "configs" / "xrag.expected.yaml"
 DAGGER = "†"
@@ -20,10 +24,10 @@ TRUNCATION_NOTE = (f"{DAGGER} some prompts of this cell were cut to fit the mode
                    "too): raise max_model_len before comparing.")
 
 
-def expected_path(opts: dict | None) -> str | None:
+def expected_path(opts: Options | None) -> str | None:
     """The published-numbers file the tables read: the ``expected`` option (``auto``: the
     checkout's configs/xrag.expected.yaml, beside configs/xrag.yaml, when it exists)."""
-    value = (opts or {}).get("expected", "auto")
+    value = opts.expected if opts is not None else "auto"
     if value == "auto":
         return str(CHECKOUT_EXPECTED) if CHECKOUT_EXPECTED.is_file() else None
     return value or None
@@ -60,7 +64,7 @@ class _Results:
     """The metric values of one evaluation and the published numbers, as the tables read
     them."""
 
-    def __init__(self, metrics: Iterable[dict], options: dict | None):
+    def __init__(self, metrics: Iterable[dict], options: Options | None):
         self.values: dict[tuple[str, str, str, str], float | None] = {}
         self.ns: dict[tuple[str, str, str, str], int | None] = {}
         models: list[str] = []
@@ -73,8 +77,8 @@ class _Results:
                 models.append(r["model"])
         self.models = sorted(models)
         self.expected = load_expected(expected_path(options))
-        self.run_langs = set((options or {}).get("langs") or LANGS)
-        self.accuracy_over = (options or {}).get("accuracy_over", "all")
+        self.run_langs = set(options.langs if options is not None else LANGS)
+        self.accuracy_over = options.accuracy_over if options is not None else "all"
         self.full = self.run_langs == set(LANGS)  # our Avg is over the paper's languages
         self.avg_note = [] if self.full else [
             f"Avg is over the run's languages ({', '.join(sorted(self.run_langs))}); the "
@@ -249,7 +253,7 @@ def _rates(res: _Results) -> list[str]:
     return out
 
 
-def tables(metrics: Iterable[dict], options: dict | None = None) -> str:
+def tables(metrics: Iterable[dict], options: Options | None = None) -> str:
     """Markdown tables in the paper's shapes: Table 3 (models x No Retrieval / Oracle
     Retrieval, English questions), Table 4 (models x En, De, Es, Zh, Ar, Avg), Table 5
     (models x En+En_X and En+X per language, Avg (crossling.)), Table 6 (one table per
