@@ -19,6 +19,26 @@ from xling.core.config import ConfigError, Parallelism
 # Lucene actors were busy 13 s of it). Equal values also let Ray Data fuse such tasks.
 LIGHT_CPUS = 0.25
 
+# The object store a stage's pipeline may fill, per CPU of the cluster: about a block in
+# flight per task (a JSON-lines read range is 32 MiB, sources._read_items; the pools' blocks
+# are smaller). Ray Data's own budget is half the cluster's object store, and a read that
+# runs ahead of a slower pool fills it whatever the corpus: the whole corpus at 100k
+# documents and about 1 GiB at 1 M (benchmarks/scale.py, docs/design.md "Scale"), so the
+# peak grew with the corpus. $XLING_STORE_MB_PER_CPU overrides it (benchmarks).
+STORE_PER_CPU = 32 << 20
+
+
+def store_budget() -> int:
+    """Bytes of object store the running stage's Ray Data pipelines may hold at once: the
+    cluster's CPUs (at least 2) times `STORE_PER_CPU`."""
+    import os
+
+    import ray
+
+    per_cpu = int(float(os.environ.get("XLING_STORE_MB_PER_CPU") or 0) * 2**20) or STORE_PER_CPU
+    cpus = ray.cluster_resources().get("CPU", 0.0) if ray.is_initialized() else 0.0
+    return int(max(2.0, cpus) * per_cpu)
+
 
 def actor_pool(p: Parallelism, *, key: str, log=print, calls_per_actor: int | None = None):
     """`compute=` for map_batches: an ActorPoolStrategy whose minimum can actually start.
