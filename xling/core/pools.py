@@ -19,12 +19,13 @@ from xling.core.config import ConfigError, Parallelism
 # Lucene actors were busy 13 s of it). Equal values also let Ray Data fuse such tasks.
 LIGHT_CPUS = 0.25
 
-# The object store a stage's pipeline may fill, per CPU of the cluster: about a block in
+# The object store a stage's pipelines may fill, per CPU of the cluster: about a block in
 # flight per task (a JSON-lines read range is 32 MiB, sources._read_items; the pools' blocks
-# are smaller). Ray Data's own budget is half the cluster's object store, and a read that
-# runs ahead of a slower pool fills it whatever the corpus: the whole corpus at 100k
-# documents and about 1 GiB at 1 M (benchmarks/scale.py, docs/design.md "Scale"), so the
-# peak grew with the corpus. $XLING_STORE_MB_PER_CPU overrides it (benchmarks).
+# are smaller). Ray Data's own budget is half the cluster's object store, and the read of
+# the partition runs ahead of a slower pool until that fills, so the peak grew with the
+# corpus: 122 MiB at 100k documents, 298 MiB at 1 M for the index stage on 3 CPUs; with
+# this budget 93 and 105 MiB at 100k and 3 M (benchmarks/scale.py, docs/design.md "Scale:
+# the object store stays flat"). $XLING_STORE_MB_PER_CPU overrides it (benchmarks).
 STORE_PER_CPU = 32 << 20
 
 
