@@ -20,10 +20,16 @@ run in this process through the Runner, as `xling run` runs them.
 
 Reported per size and stage: wall time, documents (or queries) per second, the driver's
 peak RSS during the stage (sampled every 0.2 s), and the cluster's peak object store use
-and spilled bytes (sampled every 1 s from the raylets); then how each grows from the
-smallest size to the largest (the ratio against the ratio of sizes: 1.0 is linear).
+(sampled every 1 s from the raylets; split into the partition, which reads the source, and
+the pipelines after it) and spilled bytes; then how each grows from the smallest size to
+the largest (the ratio against the ratio of sizes: 1.0 is linear), and whether the object
+store stayed flat (issue 48's goal: the peak at the largest size within 1.5x the peak at
+the smallest, nothing spilled). Each size's corpus and run store are deleted after it
+(--keep-data keeps them). With --results FILE, sizes run one at a time add their rows to
+FILE and the table covers them all:
 
     .venv/bin/python benchmarks/scale.py --docs 100000,1000000
+    .venv/bin/python benchmarks/scale.py --docs 3000000 --results scale.jsonl
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -136,6 +144,7 @@ class Sampler:
 
         self.proc, self.state = psutil.Process(), get_state_from_address(address)
         self.rss = self.store = self.spilled = 0
+        self.samples: list[tuple[float, int]] = []  # (time, store bytes used), each second
         self._stop = threading.Event()
 
     def _store_stats(self):
@@ -152,6 +161,13 @@ class Sampler:
                 last = time.monotonic()
                 used, spilled = self._store_stats()
                 self.store, self.spilled = max(self.store, used), max(self.spilled, spilled)
+                self.samples.append((time.time(), used))
+
+    def peak_before(self, t: float | None) -> tuple[int, int]:
+        """The store's peak before `t` and from it on (the partition, the pipeline)."""
+        before = [u for at, u in self.samples if t is None or at < t]
+        after = [u for at, u in self.samples if t is not None and at >= t]
+        return max(before, default=0), max(after, default=0)
 
     def __enter__(self):
         self._spilled0 = self._store_stats()[1]
@@ -174,13 +190,21 @@ def run_size(n_docs: int, args, tokenizer: str, tmp: Path) -> list[dict]:
     from xling.jobs.ingest import IngestStage
     from xling.jobs.retrieve import RetrieveStage
 
-    root = tmp / f"corpus-{n_docs}"
-    root.mkdir()
+    # --corpus: a corpus written there earlier with the same settings is reused
+    root = (Path(args.corpus) if args.corpus else tmp) / (
+        f"corpus-{n_docs}-{'-'.join(args.langs)}-q{args.queries}-v{args.vocab}")
     t = time.perf_counter()
-    n_docs = write_corpus(root, args.langs, n_docs, args.queries, args.vocab)
+    if (root / "_done").exists():
+        n_docs = int((root / "_done").read_text())
+        how = "reused"
+    else:
+        root.mkdir(parents=True, exist_ok=True)
+        n_docs = write_corpus(root, args.langs, n_docs, args.queries, args.vocab)
+        (root / "_done").write_text(str(n_docs))
+        how = "written"
     size_mb = sum(f.stat().st_size for f in root.glob("*.jsonl")) / 2**20
     print(f"\n{n_docs:,} documents ({size_mb:,.0f} MiB of JSONL), {args.queries} queries per "
-          f"language: written in {time.perf_counter() - t:.0f} s", flush=True)
+          f"language: {how} in {time.perf_counter() - t:.0f} s", flush=True)
     shards = args.shards or max(2, -(-n_docs // len(args.langs) // 20_000))
     stop_ray = start_ray(None)
     address = ray.get_runtime_context().gcs_address
@@ -198,15 +222,56 @@ def run_size(n_docs: int, args, tokenizer: str, tmp: Path) -> list[dict]:
                 t = time.perf_counter()
                 runner.run(stage, cfg)
                 wall = time.perf_counter() - t
+            # the partition (reading the source) ends where the stage's pipelines start
+            partition, pipeline = s.peak_before(min((st["started"] for st in runner.streams),
+                                                    default=None))
             rows.append({"docs": n_docs, "stage": stage.name, "wall": wall, "unit": unit,
                          "rate": n / wall, "rss": s.rss, "store": s.store,
-                         "spilled": s.spilled})
+                         "partition": partition, "pipeline": pipeline, "spilled": s.spilled})
             print(f"  {stage.name:9s} {wall:8.1f} s {n / wall:10,.0f} {unit}/s   driver peak RSS "
-                  f"{s.rss / 2**20:7,.0f} MiB   object store peak {s.store / 2**20:7,.0f} MiB, "
+                  f"{s.rss / 2**20:7,.0f} MiB   object store peak {s.store / 2**20:7,.0f} MiB "
+                  f"(partition {partition / 2**20:,.0f}, pipeline {pipeline / 2**20:,.0f}), "
                   f"spilled {s.spilled / 2**20:,.0f} MiB", flush=True)
     finally:
         stop_ray()
+        if not args.keep_data:  # a 3 M corpus and its run are several GB
+            if not args.corpus:
+                shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(tmp / f"run-{n_docs}", ignore_errors=True)
     return rows
+
+
+def report(rows: list[dict]) -> None:
+    """The table of every size and stage; how each grows from the smallest size to the
+    largest; whether the object store stayed flat (issue 48's goal: the largest size's peak
+    within 1.5x the smallest's, nothing spilled)."""
+    mib = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
+    print("\n| documents | stage | wall s | rate | driver peak RSS MiB | object store peak MiB "
+          "| of which partition / pipeline | spilled MiB |\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['docs']:,} | {r['stage']} | {r['wall']:.1f} | {r['rate']:,.1f} {r['unit']}/s "
+              f"| {mib(r['rss'])} | {mib(r['store'])} | {mib(r['partition'])} / "
+              f"{mib(r['pipeline'])} | {mib(r['spilled'])} |")
+    sizes = sorted({r["docs"] for r in rows})
+    if len(sizes) < 2:
+        return
+    lo, hi = sizes[0], sizes[-1]
+    print(f"\ngrowth from {lo:,} to {hi:,} documents ({hi / lo:g}x); wall time against linear "
+          "(1.00 = linear in the corpus; search runs the same queries, so it should grow far "
+          f"less)\n\n| stage | wall | of linear | driver RSS | object store peak |\n"
+          "|---|---|---|---|---|")
+    for stage in dict.fromkeys(r["stage"] for r in rows):
+        a = next((r for r in rows if r["docs"] == lo and r["stage"] == stage), None)
+        b = next((r for r in rows if r["docs"] == hi and r["stage"] == stage), None)
+        if a and b:
+            print(f"| {stage} | x{b['wall'] / a['wall']:.2f} | "
+                  f"{b['wall'] / a['wall'] / (hi / lo):.2f} | x{b['rss'] / max(a['rss'], 1):.2f} "
+                  f"| x{b['store'] / max(a['store'], 1):.2f} |")
+    peak = {n: max(r["store"] for r in rows if r["docs"] == n) for n in (lo, hi)}
+    growth, spilled = peak[hi] / max(peak[lo], 1), sum(r["spilled"] for r in rows)
+    print(f"\nobject store peak over all stages: {mib(peak[lo])} MiB at {lo:,} documents, "
+          f"{mib(peak[hi])} MiB at {hi:,} (x{growth:.2f}); spilled {mib(spilled)} MiB in all. "
+          f"Goal (x1.5 at most, 0 spilled): {'met' if growth <= 1.5 and not spilled else 'NOT met'}")
 
 
 def main() -> None:
@@ -224,6 +289,14 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=0,
                     help="shards per language cell (default: one per 20k documents, at least 2)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the nodes' Ray logs")
+    ap.add_argument("--keep-data", action="store_true",
+                    help="keep each size's generated corpus and run store (deleted after it)")
+    ap.add_argument("--corpus", metavar="DIR",
+                    help="write each size's corpus under DIR and keep it; reuse one written "
+                         "there before with the same settings")
+    ap.add_argument("--results", metavar="FILE",
+                    help="add this run's rows to FILE (JSON lines) and report all of FILE's: "
+                         "sizes run one at a time, one table")
     ap.add_argument("--stages", default="ingest,index,retrieve", type=lambda s: s.split(","),
                     help="the stages to run, of ingest, index, retrieve")
     args = ap.parse_args()
@@ -231,15 +304,16 @@ def main() -> None:
     if unknown:
         ap.error(f"--langs: no generator for {sorted(unknown)}; choose from {sorted(SCRIPTS)}")
 
-    import ray
-
     from xling.dev.localcluster import start_local_cluster
     from xling.dev.tiny_models import build_tiny_models
 
     tokenizer = str(build_tiny_models(progress=False)["nllb_hf"])
     tmp = Path(tempfile.mkdtemp(prefix="xling-bench-scale-"))
     cluster = None
-    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
+    # Ray is imported only once the cluster's environment is set: it reads its loopback
+    # switch and auth mode at import (xling/dev/localcluster.py).
+    ray = sys.modules.get("ray")
+    if (ray is not None and ray.is_initialized()) or os.environ.get("RAY_ADDRESS"):
         print(f"cluster: the one this process is connected to or $RAY_ADDRESS names "
               f"({os.environ.get('RAY_ADDRESS', 'connected')}); work dir {tmp}")
     else:
@@ -256,24 +330,15 @@ def main() -> None:
     finally:
         if cluster is not None:
             cluster.stop(keep_logs=args.keep_logs)
+        if not (args.keep_logs or args.keep_data):
+            shutil.rmtree(tmp, ignore_errors=True)
 
-    sizes = sorted({r["docs"] for r in rows})
-    print("\n| documents | stage | wall s | rate | driver peak RSS MiB | object store peak MiB "
-          "| spilled MiB |\n|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['docs']:,} | {r['stage']} | {r['wall']:.1f} | {r['rate']:,.1f} {r['unit']}/s "
-              f"| {r['rss'] / 2**20:,.0f} | {r['store'] / 2**20:,.0f} | {r['spilled'] / 2**20:,.0f} |")
-    if len(sizes) > 1:
-        lo, hi = sizes[0], sizes[-1]
-        print(f"\ngrowth from {lo:,} to {hi:,} documents ({hi / lo:g}x); 1.00 = linear in the "
-              "corpus (search runs the same queries, so its wall time should grow far less)")
-        for stage in dict.fromkeys(r["stage"] for r in rows):
-            a = next(r for r in rows if r["docs"] == lo and r["stage"] == stage)
-            b = next(r for r in rows if r["docs"] == hi and r["stage"] == stage)
-            print(f"  {stage:9s} wall x{b['wall'] / a['wall']:.2f} "
-                  f"({b['wall'] / a['wall'] / (hi / lo):.2f} of linear), driver RSS "
-                  f"x{b['rss'] / max(a['rss'], 1):.2f}, object store peak "
-                  f"x{b['store'] / max(a['store'], 1):.2f}")
+    if args.results:  # rows of earlier runs (other sizes) and this one's
+        with open(args.results, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        rows = [json.loads(line) for line in open(args.results, encoding="utf-8")]
+        rows.sort(key=lambda r: r["docs"])  # stable: stages stay in their order
+    report(rows)
 
 
 if __name__ == "__main__":

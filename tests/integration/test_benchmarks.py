@@ -122,10 +122,15 @@ def test_narrow(bench):
 
 def test_scale(bench):
     out = bench("scale", "--docs", "400", "--queries", "5", "--langs", "en,zh", "--vocab", "300")
-    table = re.findall(r"^\| 400 \| (\w+) \| ([\d.]+) \| ([\d,.]+) (\w+)/s \|", out, re.M)
-    assert [(stage, unit) for stage, _, _, unit in table] == [
+    table = re.findall(r"^\| 400 \| (\w+) \| ([\d.]+) \| ([\d,.]+) (\w+)/s \| [\d,]+ "
+                       r"\| ([\d,]+) \| ([\d,]+) / ([\d,]+) \| ([\d,]+) \|$", out, re.M)
+    assert [(row[0], row[3]) for row in table] == [
         ("ingest", "docs"), ("index", "docs"), ("retrieve", "queries")], out
-    assert all(float(wall) > 0 and float(rate.replace(",", "")) > 0 for _, wall, rate, _ in table)
+    for _, wall, rate, _, peak, partition, pipeline, _ in table:
+        assert float(wall) > 0 and float(rate.replace(",", "")) > 0
+        # the stage's object-store peak is its partition's or its pipelines'
+        assert int(peak.replace(",", "")) == max(int(partition.replace(",", "")),
+                                                 int(pipeline.replace(",", ""))), out
 
 
 def test_generate(tmp_path, tiny_models, worker_ray):

@@ -19,6 +19,27 @@ from xling.core.config import ConfigError, Parallelism
 # Lucene actors were busy 13 s of it). Equal values also let Ray Data fuse such tasks.
 LIGHT_CPUS = 0.25
 
+# The object store a stage's pipelines may fill, per CPU of the cluster: about a block in
+# flight per task (a JSON-lines read range is 32 MiB, sources._read_items; the pools' blocks
+# are smaller). Ray Data's own budget is half the cluster's object store, and the read of
+# the partition runs ahead of a slower pool until that fills, so the peak grew with the
+# corpus: 122 MiB at 100k documents, 298 MiB at 1 M for the index stage on 3 CPUs; with
+# this budget 93 and 105 MiB at 100k and 3 M (benchmarks/scale.py, docs/design.md "Scale:
+# the object store stays flat"). $XLING_STORE_MB_PER_CPU overrides it (benchmarks).
+STORE_PER_CPU = 32 << 20
+
+
+def store_budget() -> int:
+    """Bytes of object store the running stage's Ray Data pipelines may hold at once: the
+    cluster's CPUs (at least 2) times `STORE_PER_CPU`."""
+    import os
+
+    import ray
+
+    per_cpu = int(float(os.environ.get("XLING_STORE_MB_PER_CPU") or 0) * 2**20) or STORE_PER_CPU
+    cpus = ray.cluster_resources().get("CPU", 0.0) if ray.is_initialized() else 0.0
+    return int(max(2.0, cpus) * per_cpu)
+
 
 def actor_pool(p: Parallelism, *, key: str, log=print, calls_per_actor: int | None = None):
     """`compute=` for map_batches: an ActorPoolStrategy whose minimum can actually start.

@@ -68,7 +68,7 @@ from xling.core.commit import (
 )
 from xling.core.config import stable_hash
 from xling.core.integrity import check_sizes, marker_shard
-from xling.core.pools import LIGHT_CPUS
+from xling.core.pools import LIGHT_CPUS, store_budget
 from xling.core.provenance import provenance
 from xling.core.status import cell_state, committed_shards
 from xling.core.store import RunStore
@@ -164,6 +164,9 @@ class Runner:
         # Workers commit their own output, so the stream need not arrive in order, and one
         # slow batch holds up nothing behind it.
         ctx.execution_options.preserve_order = False
+        # A bounded object store: what is in flight, not the corpus (core/pools.py).
+        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
+            object_store_memory=store_budget())
         t0, first_stream = time.time(), len(self.streams)
         reports: dict[str, CellReport] = {}
         cells, cfg_of = [], {}

@@ -1,0 +1,27 @@
+"""The object-store budget the runner gives each stage's Ray Data pipelines
+(core/pools.store_budget): per CPU of the cluster, not per document, so that the store's
+peak stays flat as the corpus grows (benchmarks/scale.py measures it; docs/design.md
+"Scale")."""
+
+from __future__ import annotations
+
+import ray
+
+from xling.core.pools import STORE_PER_CPU, store_budget
+
+
+def test_budget_is_per_cpu_of_the_cluster(monkeypatch):
+    monkeypatch.delenv("XLING_STORE_MB_PER_CPU", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    for cpus, want in ((3.0, 3 * STORE_PER_CPU), (64.0, 64 * STORE_PER_CPU),
+                       (1.0, 2 * STORE_PER_CPU)):  # at least two CPUs' worth
+        monkeypatch.setattr(ray, "cluster_resources", lambda c=cpus: {"CPU": c})
+        assert store_budget() == want
+
+
+def test_budget_before_ray_starts_and_its_override(monkeypatch):
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("XLING_STORE_MB_PER_CPU", raising=False)
+    assert store_budget() == 2 * STORE_PER_CPU == 64 << 20
+    monkeypatch.setenv("XLING_STORE_MB_PER_CPU", "48")
+    assert store_budget() == 2 * 48 << 20
