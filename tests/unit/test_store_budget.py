@@ -5,12 +5,12 @@ peak stays flat as the corpus grows (benchmarks/scale.py measures it; docs/desig
 
 from __future__ import annotations
 
-import ray
-
 from xling.core.pools import STORE_PER_CPU, store_budget
 
 
 def test_budget_is_per_cpu_of_the_cluster(monkeypatch):
+    import ray  # not at import: see test_test_layout.py
+
     monkeypatch.delenv("XLING_STORE_MB_PER_CPU", raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     for cpus, want in ((3.0, 3 * STORE_PER_CPU), (64.0, 64 * STORE_PER_CPU),
@@ -20,6 +20,8 @@ def test_budget_is_per_cpu_of_the_cluster(monkeypatch):
 
 
 def test_budget_before_ray_starts_and_its_override(monkeypatch):
+    import ray
+
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.delenv("XLING_STORE_MB_PER_CPU", raising=False)
     assert store_budget() == 2 * STORE_PER_CPU == 64 << 20

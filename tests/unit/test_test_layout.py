@@ -80,3 +80,20 @@ def test_modules_with_shared_fixtures_keep_their_tests_on_one_worker():
                     f'xdist_group("{path.stem}")' not in text):
                 missing.append(f"{layer}/{path.name}")
     assert missing == [], "add pytestmark = pytest.mark.xdist_group(<module name>)"
+
+
+def test_no_test_module_imports_ray_when_collected():
+    """Collection imports every test module in every xdist worker before any fixture runs.
+    Ray read at import the auth settings that the worker's cluster fixture (conftest's
+    `worker_ray`: RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH) sets later, so one module-level
+    `import ray` made every `ray.init` of the run fail with InvalidAuthToken (64 errors).
+    Ray is imported inside the tests that use it."""
+    found = []
+    for layer in LAYERS:
+        for path in sorted((TESTS / layer).glob("test_*.py")):
+            for node in parse_python(path).body:
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(n == "ray" or n.startswith("ray.") for n in names):
+                    found.append(f"{path.relative_to(TESTS)}:{node.lineno}")
+    assert not found, f"module-level ray imports: {found}"
