@@ -43,6 +43,7 @@ sentencex, lingua and langid are imported when first used.
 from __future__ import annotations
 
 import bisect
+import copy
 import functools
 import re
 import unicodedata
@@ -498,26 +499,17 @@ def backend_version(backend: str) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _langid_model() -> tuple:
-    """langid.py's model, decoded once per process (its base64 + bz2 + pickle string takes
-    seconds): the arguments of `LanguageIdentifier`, as `from_modelstring` makes them. The
-    identifiers share these arrays; `set_languages` slices new ones, never writes to them."""
-    import base64
-    import bz2
-    import pickle
+def _langid_identifier():
+    """langid.py's identifier over all its languages, decoded once per process (its base64 +
+    bz2 + pickle model string takes seconds). Each `LanguageID` takes a shallow copy:
+    `set_languages` gives the copy new sliced arrays and never writes to the shared ones."""
+    from langid.langid import LanguageIdentifier, model
 
-    import numpy as np
-    from langid.langid import model
-
-    nb_ptc, nb_pc, nb_classes, tk_nextmove, tk_output = pickle.loads(
-        bz2.decompress(base64.b64decode(model)))
-    nb_numfeats = len(nb_ptc) // len(nb_pc)
-    return (np.array(nb_ptc).reshape(nb_numfeats, len(nb_pc)), np.array(nb_pc), nb_numfeats,
-            nb_classes, tk_nextmove, tk_output)
+    return LanguageIdentifier.from_modelstring(model, norm_probs=True)
 
 
 def _langid_classes() -> frozenset[str]:
-    return frozenset(_langid_model()[3])
+    return frozenset(_langid_identifier().nb_classes)
 
 
 def identifiable(languages: Sequence[str], backend: str = "lingua") -> list[str]:
@@ -581,11 +573,11 @@ class LanguageID:
 
     def _init_langid(self, codes: list[str], restrict: bool) -> None:
         try:
-            from langid.langid import LanguageIdentifier
+            import langid  # noqa: F401
         except ImportError as e:  # pragma: no cover - langid is a dependency
             raise ValueError("backend 'langid' needs the langid package (pip install "
                              "langid)") from e
-        identifier = LanguageIdentifier(*_langid_model(), norm_probs=True)
+        identifier = copy.copy(_langid_identifier())
         iso = {c: iso_code(c) for c in codes}
         lacking = [c for c, i in iso.items() if i not in identifier.nb_classes]
         if lacking:
