@@ -5,7 +5,7 @@ peak stays flat as the corpus grows (benchmarks/scale.py measures it; docs/desig
 
 from __future__ import annotations
 
-from xling.core.pools import STORE_PER_CPU, store_budget
+from xling.core.pools import STORE_FLOOR, STORE_PER_CPU, store_budget
 
 
 def test_budget_is_per_cpu_of_the_cluster(monkeypatch):
@@ -13,8 +13,8 @@ def test_budget_is_per_cpu_of_the_cluster(monkeypatch):
 
     monkeypatch.delenv("XLING_STORE_MB_PER_CPU", raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    for cpus, want in ((3.0, 3 * STORE_PER_CPU), (64.0, 64 * STORE_PER_CPU),
-                       (1.0, 2 * STORE_PER_CPU)):  # at least two CPUs' worth
+    for cpus, want in ((3.0, STORE_FLOOR), (64.0, 64 * STORE_PER_CPU),
+                       (1.0, STORE_FLOOR)):  # at least the floor on a small cluster
         monkeypatch.setattr(ray, "cluster_resources", lambda c=cpus: {"CPU": c})
         assert store_budget() == want
 
@@ -24,6 +24,9 @@ def test_budget_before_ray_starts_and_its_override(monkeypatch):
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.delenv("XLING_STORE_MB_PER_CPU", raising=False)
-    assert store_budget() == 2 * STORE_PER_CPU == 64 << 20
+    assert store_budget() == STORE_FLOOR == 128 << 20
     monkeypatch.setenv("XLING_STORE_MB_PER_CPU", "48")
-    assert store_budget() == 2 * 48 << 20
+    assert store_budget() == STORE_FLOOR  # no cluster yet: the floor
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
+    assert store_budget() == 8 * 48 << 20

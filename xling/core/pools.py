@@ -27,18 +27,24 @@ LIGHT_CPUS = 0.25
 # this budget 93 and 105 MiB at 100k and 3 M (benchmarks/scale.py, docs/design.md "Scale:
 # the object store stays flat"). $XLING_STORE_MB_PER_CPU overrides it (benchmarks).
 STORE_PER_CPU = 32 << 20
+# ... and at least this much on a small cluster: a pool needs a few blocks queued per actor,
+# whatever the cluster's size, and the index's are up to 16 MiB (4 calls of 4,096 passages).
+# At 64 MiB (2 CPUs' worth) its Lucene writers waited for input: 1.4 M documents indexed at
+# 0.29 of bare's rate over the whole run, against 0.35 at 128 MiB and 0.38 with Ray Data's
+# budget (benchmarks/index.py, 2 CPUs; ingest's rate did not move).
+STORE_FLOOR = 128 << 20
 
 
 def store_budget() -> int:
     """Bytes of object store the running stage's Ray Data pipelines may hold at once: the
-    cluster's CPUs (at least 2) times `STORE_PER_CPU`."""
+    cluster's CPUs times `STORE_PER_CPU`, at least `STORE_FLOOR`."""
     import os
 
     import ray
 
     per_cpu = int(float(os.environ.get("XLING_STORE_MB_PER_CPU") or 0) * 2**20) or STORE_PER_CPU
     cpus = ray.cluster_resources().get("CPU", 0.0) if ray.is_initialized() else 0.0
-    return int(max(2.0, cpus) * per_cpu)
+    return max(int(cpus * per_cpu), STORE_FLOOR)
 
 
 def actor_pool(p: Parallelism, *, key: str, log=print, calls_per_actor: int | None = None):
