@@ -112,6 +112,24 @@ def test_a_driver_whose_lease_was_taken_learns_it_at_its_next_heartbeat(store):
     assert store.read_json(LEASE)["token"] == "usurper"
 
 
+def test_a_taken_over_driver_stops_before_recording_a_failure(store, capsys):
+    """The new driver clears the pieces in flight at its start, so the old one can fail a
+    commit before its next heartbeat; it then stops (exit 130) and marks nothing failed."""
+    held = acquire(store, "run-a", ttl=600)  # no beat during the test
+    try:
+        lease_mod.stop_if_lost(store)  # still ours: nothing happens
+        assert not held.lost
+        plant(store, token="usurper", heartbeat=time.time())
+        with pytest.raises(KeyboardInterrupt):
+            lease_mod.stop_if_lost(store)
+        held.say_lost()  # the heartbeat thread's line is not said twice
+        err = capsys.readouterr().err
+        assert err.count("this driver lost the run root") == 1 and "20261129T000000-other" in err
+        assert store.read_json(LEASE)["token"] == "usurper"
+    finally:
+        held.release()
+
+
 def test_run_roots_are_leased_separately(tmp_path):
     a = acquire(RunStore(str(tmp_path / "a")), "run-a")
     b = acquire(RunStore(str(tmp_path / "b")), "run-b")

@@ -294,6 +294,7 @@ class RunLease:
                      "token": uuid.uuid4().hex}
         self.tag: str | None = None
         self.lost = False
+        self._said = False  # say_lost printed its line
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -317,12 +318,20 @@ class RunLease:
             except Exception as e:  # a flaky store: the next beat tries again
                 logger.warning("run-root lease heartbeat failed (%s); retrying in %.0fs", e, every)
             if self.lost:
-                holder = self.backend.read()
-                print(f"xling: this driver lost the run root {self.store.url()} to "
-                      f"{describe(holder[0]) if holder else 'nobody (the lease was removed)'}: "
-                      "stopping (committed shards are kept)", file=sys.stderr, flush=True)
+                self.say_lost()
                 _thread.interrupt_main()
                 return
+
+    def say_lost(self) -> None:
+        """Say, once, who holds the run root now and that this driver stops."""
+        with self._lock:
+            if self._said:
+                return
+            self._said = True
+        holder = self.backend.read()
+        print(f"xling: this driver lost the run root {self.store.url()} to "
+              f"{describe(holder[0]) if holder else 'nobody (the lease was removed)'}: "
+              "stopping (committed shards are kept)", file=sys.stderr, flush=True)
 
     def heartbeat(self) -> bool:
         """Renew the lease; False (and `lost`) when another driver holds it now."""
@@ -357,6 +366,17 @@ class RunLease:
         """An earlier lease of this process on the same root (a run that raised before its
         release): stop its heartbeat; the caller takes the lease over."""
         self._stop.set()
+
+
+def stop_if_lost(store: RunStore) -> None:
+    """Before a driver records a failure in `store`: if another driver has taken the run root
+    over since the last heartbeat, stop (KeyboardInterrupt: exit 130) instead. The failure is
+    most likely the new driver's doing (at its start it clears the pieces in flight, this
+    driver's among them), and a driver writes nothing to a root it no longer holds."""
+    lease = _HELD.get(store.url())
+    if lease is not None and not lease.heartbeat():
+        lease.say_lost()
+        raise KeyboardInterrupt
 
 
 def acquire(store: RunStore, run_id: str, *, takeover: bool = False, log=print,

@@ -259,6 +259,9 @@ class Runner:
         return sum(v["rows"] for s, v in info["shards"].items() if int(s) not in done)
 
     def _fail(self, stage: Stage, cell: Cell, e: BaseException, reports: dict) -> None:
+        from xling.core.lease import stop_if_lost
+
+        stop_if_lost(self.store)  # a driver that was taken over stops, marking nothing
         message = describe_error(e)
         self.store.write_json(f"{cell.dir}/_failed.json", {
             "run_id": self.run_id, "at": now(), "error": message,
