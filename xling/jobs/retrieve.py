@@ -38,7 +38,7 @@ from xling.core import upstream
 from xling.core.cells import RID, Cell, StageFailed
 from xling.core.runs import RunStage, export_trec
 from xling.core.status import INDEX_DIR, LUCENE_MARKER, require_done
-from xling.core.sources import TopicSpec, read_queries, topic_files
+from xling.core.sources import TopicSpec, read_queries, read_translations, topic_files
 from xling.core.store import RunStore
 
 if TYPE_CHECKING:
@@ -291,8 +291,6 @@ class RetrieveStage(RunStage):
                            parallel=cfg.retrieve.parallel)
 
     def read(self, cell: Cell, cfg: XlingConfig):
-        import ray.data
-
         store = RunStore(cfg.run_root)
         ts, run = _topics(cfg, cell.key["topics"]), _run(cfg, cell.key["run"])
         ql, dl = cell.key["qlang"], cell.key["doc_lang"]
@@ -306,9 +304,7 @@ class RetrieveStage(RunStage):
                 located[lang] = (icell.dir, "dense")
         if "translation" in cell.params:
             qt = _qt_cell(cfg, ts, ql, dl)
-            manifest = require_done(store, qt, f"retrieve cell {cell.id} (mode qt)")
-            files = [store.fs_path(f"{qt.dir}/{f}") for f in manifest["files"]]
-            ds = ray.data.read_parquet(files, filesystem=store.fs, shuffle=None)
+            ds = read_translations(store, qt, f"retrieve cell {cell.id} (mode qt)")
             ds = ds.map_batches(_translated_queries, batch_format="pyarrow")
         else:
             ds = read_queries(ts, ql, cell.inputs)
