@@ -5,6 +5,7 @@ are faults/test_two_drivers.py."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -60,8 +61,10 @@ def test_a_live_holder_refuses_with_who_since_when_and_what_to_do(store):
     msg = str(e.value)
     assert "\n" not in msg
     for part in ("20261129T000000-other", "pid 4242 on node-b", "xling translate --config x.yaml",
-                 "since", "last heartbeat 5s ago", "--takeover", "expires"):
+                 "since", "--takeover", "expires"):
         assert part in msg, (part, msg)
+    # planted 5 s ago; a loaded CI machine may take a second or more to get here
+    assert 5 <= int(re.search(r"last heartbeat (\d+)s ago", msg).group(1)) <= 30, msg
     assert store.read_json(LEASE)["token"] == "other"  # untouched
 
 
@@ -73,7 +76,7 @@ def test_a_stopped_heartbeat_expires_and_is_taken_over_saying_so(store):
         assert store.read_json(LEASE)["run_id"] == "run-b"
         [line] = lines
         assert "took over" in line and "20261129T000000-other" in line
-        assert "heartbeat stopped 200s ago" in line
+        assert 200 <= int(re.search(r"heartbeat stopped (\d+)s ago", line).group(1)) <= 230, line
     finally:
         held.release()
 
