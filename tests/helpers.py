@@ -418,6 +418,8 @@ def mirage_overrides(run_root: str, url: str) -> list[str]:
             "study.options.reference_model=s3", "study.options.held_out=[s1]",
             "study.options.tournaments=30", "study.options.matches=4",
             "generate.sampling.max_tokens=16",
+            # 4 rows a cell: one shard each (a test that kills mid-stage sets its own)
+            "generate.shards=1", "features.shards=1", "judge.shards=1",
             "generate.models=[" + ", ".join([tiny] + [api.replace("NAME", m)
                                                       for m in STRENGTH]) + "]",
             "features.nli={model: tiny:nli_deberta, parallel: {concurrency: [1, 1], "

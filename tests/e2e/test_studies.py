@@ -41,6 +41,7 @@ def test_bordirlines_end_to_end_on_s3(tmp_path, s3_env, tiny_models, ray_local):
             "study.options.prompts=[direct,citation]",
             "study.options.retriever=m3",  # the fixture's hits are BGE-M3's
             "generate.sampling.max_tokens=16",
+            "generate.shards=1",  # a few rows a cell here (sharding and resume: tests/faults)
             "generate.models=[{name: tiny, " + ", ".join(
                 line.strip() for line in VLLM.splitlines()).replace("# the tiny checkpoint's "
                 "dtype; vLLM CPU would cast to bf16", "") + "}, "
@@ -142,6 +143,8 @@ def xrag_overrides(run_root: str, server_url: str) -> list[str]:
             f"study.options.settings={XRAG_SETTINGS}",
             "translate.model=tiny:nllb_ct2", "translate.compute_type=default",
             "translate.parallel={concurrency: [1, 1], batch_size: 16}",
+            # 3 rows a cell here: one shard each (sharding and resume: tests/faults)
+            "translate.shards=2", "generate.shards=1", "judge.shards=1",
             f"translate.documents.0.path={data}", "translate.documents.0.langs=[de, zh]",
             "generate.sampling.max_tokens=16",
             f"generate.models=[{tiny}, {api.replace('NAME', 'scripted')}]",
@@ -150,11 +153,11 @@ def xrag_overrides(run_root: str, server_url: str) -> list[str]:
                                           api.replace("NAME", "judge-api")]) + "]"]
 
 
-def test_xrag_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
+def test_xrag_end_to_end_on_s3(tmp_path, s3_env, tiny_models, ray_local):
     run_root = f"s3://xling-test/xrag-{int(time.time() * 1000)}"
     with LLMServer(models=("scripted",)) as server:
         server.reply_fn = xrag_reply
-        out = ok("run", "--config", str(ROOT / "configs/xrag.yaml"),
+        out = ok_here("run", "--config", str(ROOT / "configs/xrag.yaml"),
                  *xrag_overrides(run_root, server.url))
     # generate and judge-a ask for the same engine (their too_long and sampling are sent
     # per call): it starts once, in a host both stages' pools send their prompts to.
