@@ -153,11 +153,11 @@ def xrag_overrides(run_root: str, server_url: str) -> list[str]:
                                           api.replace("NAME", "judge-api")]) + "]"]
 
 
-def test_xrag_end_to_end_on_s3(tmp_path, s3_env, tiny_models, ray_local):
+def test_xrag_end_to_end_on_s3(tmp_path, s3_env, tiny_models):
     run_root = f"s3://xling-test/xrag-{int(time.time() * 1000)}"
     with LLMServer(models=("scripted",)) as server:
         server.reply_fn = xrag_reply
-        out = ok_here("run", "--config", str(ROOT / "configs/xrag.yaml"),
+        out = ok("run", "--config", str(ROOT / "configs/xrag.yaml"),
                  *xrag_overrides(run_root, server.url))
     # generate and judge-a ask for the same engine (their too_long and sampling are sent
     # per call): it starts once, in a host both stages' pools send their prompts to.
