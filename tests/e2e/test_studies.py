@@ -143,7 +143,8 @@ def xrag_overrides(run_root: str, server_url: str) -> list[str]:
             f"study.options.settings={XRAG_SETTINGS}",
             "translate.model=tiny:nllb_ct2", "translate.compute_type=default",
             "translate.parallel={concurrency: [1, 1], batch_size: 16}",
-            # 3 rows a cell here: one shard each (sharding and resume: tests/faults)
+            # 3 rows a generate or judge cell here: one shard each; translate's 12 rows a
+            # cell in 2 (sharding and resume: tests/faults)
             "translate.shards=2", "generate.shards=1", "judge.shards=1",
             f"translate.documents.0.path={data}", "translate.documents.0.langs=[de, zh]",
             "generate.sampling.max_tokens=16",
